@@ -1,0 +1,313 @@
+"""The user's API: :func:`get_task_id` and the :class:`Farm` behind it.
+
+```python
+from nlevel import get_task_id
+while (task_id := get_task_id(total, "run.h5", comm)) >= 0:
+    do_job(task_id)
+```
+
+or, to attach a result to each task (committed together with its completion, once):
+
+```python
+from nlevel import Farm
+with Farm(total, "run.h5") as farm:
+    for task_id in farm:
+        farm.complete(score(task_id))
+```
+
+This module does no MPI itself: the transport does (see :mod:`nlevel.comm`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from typing import Any, Iterator
+
+from . import __version__
+from . import checkpoint as ckpt
+from .config import Config
+from .errors import ConfigError, NlevelError
+from .hierarchy import Hierarchy, build
+from .node import Node
+from .report import build_report
+
+__all__ = ["Farm", "get_task_id"]
+
+
+def _check_total(total: Any) -> str | None:
+    if isinstance(total, bool) or not hasattr(total, "__index__"):
+        return f"total must be a non-negative integer, got {total!r} ({type(total).__name__})"
+    if int(total) < 0:
+        return f"total must be a non-negative integer, got {int(total)}"
+    return None
+
+
+def _default_app() -> str:
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return os.path.basename(path) if path else "<interactive>"
+
+
+class Farm:
+    """Hands out the task ids ``0 .. total - 1`` over the ranks of ``comm``, each exactly once.
+
+    Creating a Farm is collective over ``comm``: every rank must create it with the same
+    ``total``. Iterate it to get ids; :meth:`complete` attaches a number to the current
+    task. Leaving the ``with`` block (or exhausting the iterator) ends the farm on this
+    rank: unstarted ids go back to be run elsewhere, and the call returns when the whole
+    job is finished. An exception inside the ``with`` block aborts the job (no rank may
+    hang waiting for one that died).
+
+    Args:
+        total: Number of tasks (ids ``0 .. total - 1``).
+        checkpoint: Path of the HDF5 checkpoint (None: no checkpoint). Completed ids
+            recorded there are not run again.
+        comm: An mpi4py communicator (default ``MPI.COMM_WORLD``).
+        fingerprint: What identifies the app and its parameters; a checkpoint written
+            with another fingerprint is refused. Default: the main script's file name.
+        fresh: Start over even if the checkpoint has progress; the old file is kept aside.
+        config: Settings (default: ``NLEVEL_*`` variables, then defaults).
+
+    Raises:
+        ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        checkpoint: str | os.PathLike[str] | None = None,
+        comm: Any = None,
+        *,
+        fingerprint: dict[str, Any] | str | None = None,
+        fresh: bool = False,
+        config: Config | None = None,
+    ) -> None:
+        from . import comm as transport_mod  # MPI lives there
+
+        self._started = time.time()
+        self._t0 = time.perf_counter()
+        problem = _check_total(total)
+        t = transport_mod.Transport(comm if comm is not None else transport_mod.world())
+        self._transport = t
+        self._closed = False
+        self._current_result: float | None = None
+        self.report: dict[str, Any] | None = None
+        self.rank = t.rank
+        self.size = t.size
+        try:
+            self._setup(t, problem, total, checkpoint, fingerprint, fresh, config)
+        except BaseException:
+            t.comm.Free()
+            raise
+
+    def _setup(
+        self,
+        t: Any,
+        problem: str | None,
+        total: Any,
+        checkpoint: Any,
+        fingerprint: Any,
+        fresh: bool,
+        config: Config | None,
+    ) -> None:
+        # 1. Every rank must agree on a valid total: check collectively, fail everywhere.
+        bad = t.any(problem is not None)
+        if bad:
+            raise ConfigError(problem or "total is invalid on another rank (see its error message)")
+        self.total = int(total)
+        lo, hi = t.allreduce_minmax(self.total)
+        if lo != hi:
+            raise ConfigError(
+                f"get_task_id/Farm called with different totals on different ranks "
+                f"(min {lo}, max {hi}); every rank must pass the same total"
+            )
+        # 2. Rank 0 decides config, plan and checkpoint state; everyone gets its answer.
+        setup: tuple[str, Any]
+        if self.rank == 0:
+            try:
+                setup = ("ok", self._setup_root(config, checkpoint, fingerprint, fresh))
+            except NlevelError as exc:
+                setup = ("error", exc)
+        else:
+            setup = ("", None)
+        status, value = t.bcast(setup)
+        if status == "error":
+            raise value
+        self.config, plan = value[0], value[1]
+        self.hierarchy: Hierarchy = build(self.size, plan)
+        self._checkpoint_path = value[2]
+        t.poll_max = self.config.poll_max
+        self._node = Node(
+            t,
+            self.hierarchy,
+            self.config,
+            ledger=self._ledger if self.rank == 0 else None,
+            on_checkpoint=self._write_checkpoint if (self.rank == 0 and self._checkpoint_path) else None,
+        )
+        self._progress = None
+        if self.rank == 0 and self.config.progress:
+            from .progress import Progress
+
+            ledger = self._ledger
+            self._progress = Progress(
+                self.total, lambda: ledger.n_committed, plan.describe(), self.config.progress_interval, ledger.resumed
+            )
+
+    def _setup_root(self, config: Config | None, checkpoint: Any, fingerprint: Any, fresh: bool) -> tuple[Any, ...]:
+        from .roles.ledger import Ledger
+
+        config = config if config is not None else Config.from_env()
+        plan = config.plan(self.size)
+        self._writer: ckpt.Writer | None = None
+        path = os.fspath(checkpoint) if checkpoint is not None else None
+        snap = ckpt.Snapshot.empty()
+        if path is not None:
+            if fingerprint is None:
+                fingerprint = {"app": _default_app()}
+            if isinstance(fingerprint, str):
+                fingerprint = {"app": fingerprint}
+            fp, source = ckpt.fingerprint(str(fingerprint.get("app")), {k: v for k, v in fingerprint.items() if k != "app"})
+            self._meta = ckpt.RunMeta(self.total, fp, source, plan.to_json(), __version__)
+            snap = ckpt.load(path, self._meta, fresh=fresh)
+            self._writer = ckpt.Writer(path, self._meta)
+        self._ledger = Ledger(self.total, map(tuple, snap.completed.tolist()), snap.result_ids.tolist(), snap.result_values.tolist())
+        return config, plan, path
+
+    # -- checkpoint (rank 0) ------------------------------------------------------------
+    def _write_checkpoint(self, ledger: Any, final: bool) -> None:
+        writer = self._writer
+        if writer is None:
+            return
+        completed, ids, values = ledger.arrays()
+        snap = ckpt.Snapshot(completed, ids, values)
+        if final:
+            writer.close(snap)
+        else:
+            writer.submit(snap)
+
+    # -- iteration ------------------------------------------------------------------------
+    def complete(self, result: float) -> None:
+        """Attach a number to the current task; it is committed with the task's completion."""
+        self._current_result = float(result)
+
+    def next(self) -> int:
+        """Report the current task finished and return the next id, or -1 when this rank is done."""
+        if self._closed:
+            return -1
+        result, self._current_result = self._current_result, None
+        if self._progress is not None:
+            self._progress.start()
+        tid = self._node.next(result)
+        if tid < 0:
+            self._finish()
+        return tid
+
+    def __iter__(self) -> Iterator[int]:
+        while (tid := self.next()) >= 0:
+            yield tid
+
+    def __enter__(self) -> Farm:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        if exc_type is KeyboardInterrupt or isinstance(exc, SystemExit):
+            return
+        from . import comm as transport_mod
+
+        sys.stderr.write(
+            f"nlevel: rank {self.rank} on {transport_mod.host()}: unhandled exception in the task loop; "
+            f"aborting the job (the checkpoint keeps what was committed)\n"
+        )
+        traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
+        sys.stderr.flush()
+        transport_mod.abort(1)
+
+    def close(self) -> None:
+        """End the farm on this rank; returns when the job is finished on every rank."""
+        if self._closed:
+            return
+        self._node.leave()
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._progress is not None:
+            self._progress.close()
+        node, t = self._node, self._transport
+        t.flush()
+        gathered = t.gather(node.stats())
+        if self.rank == 0:
+            assert gathered is not None
+            ledger = self._ledger
+            if self._writer is not None:
+                self._writer.close(None)  # idempotent; surfaces a write error
+            self.report = build_report(
+                config=self.config,
+                hierarchy=self.hierarchy,
+                ranks=gathered,
+                ledger=ledger,
+                started=self._started,
+                wall=time.perf_counter() - self._t0,
+                checkpoint=self._checkpoint_path,
+                writer=self._writer,
+            )
+        t.close()
+
+    @property
+    def committed(self) -> int | None:
+        """Ids committed so far (rank 0; None elsewhere)."""
+        return self._ledger.n_committed if self.rank == 0 else None
+
+
+_active: dict[int, Farm] = {}
+
+
+def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = None, comm: Any = None) -> int:
+    """Return the next task id for this rank, or a negative number when there is none left.
+
+    The first call on a communicator sets the farm up (collectively: every rank must
+    call it, with the same ``total``). Each later call reports the previous task as
+    finished. After a negative return every rank has left the loop and the farm is
+    closed; calling again starts a new farm.
+
+    Args:
+        total: Number of tasks; ids are ``0 .. total - 1``.
+        checkpoint_file: HDF5 file recording completed ids (None: no checkpoint).
+            Ids it records as completed are never handed out again.
+        comm: An mpi4py communicator (default ``MPI.COMM_WORLD``).
+
+    Returns:
+        A task id in ``[0, total)``, or -1.
+
+    Raises:
+        ConfigError, PlanError, CheckpointError: bad input, the same on every rank.
+    """
+    from . import comm as transport_mod
+
+    c = comm if comm is not None else transport_mod.world()
+    key = transport_mod.comm_key(c)
+    farm = _active.get(key)
+    if farm is None:
+        farm = Farm(total, checkpoint_file, c)
+        _active[key] = farm
+    elif int(total) != farm.total:
+        raise ConfigError(f"get_task_id called with total={total} while a farm with total={farm.total} is running")
+    tid = farm.next()
+    if tid < 0:
+        del _active[key]
+        if farm.report is not None:
+            global last_report
+            last_report = farm.report
+    return tid
+
+
+#: The report of the last farm that :func:`get_task_id` finished on this rank (rank 0 only).
+last_report: dict[str, Any] | None = None

@@ -1,0 +1,166 @@
+"""Lay a :class:`~nlevel.plan.Plan` out over ranks: role, parent and children of each rank.
+
+Pure arithmetic, no MPI. Ranks are split into contiguous blocks (ranks of one node
+are usually contiguous, so a region tends to stay on a node): the world is split
+into ``regions[0]`` blocks, each of those into ``regions[1]``, and so on. The first
+rank of a block leads it. The leader of the first block of a split is the leader of
+the enclosing block too, so the master is also the region-master of its own region
+(as in the paper). A server's children are the leaders of the other blocks of each
+split it leads, plus, at the last level, every other rank of its block.
+
+Example, 7 ranks, ``levels=3, regions=(2,)``: blocks [0..3] and [4..6]; rank 0 is
+master with children 4 (a region-master) and 1, 2, 3 (its own slaves); rank 4
+serves 5 and 6.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .plan import Plan
+
+__all__ = ["Role", "Node", "Hierarchy", "build"]
+
+
+class Role(str, Enum):
+    """What a rank does."""
+
+    MASTER = "master"
+    REGION = "region-master"
+    SLAVE = "slave"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One rank's place in the hierarchy.
+
+    Attributes:
+        rank: The rank in the farm's communicator.
+        role: Master, region-master or slave.
+        level: 0 for the master, 1.. for region-masters, ``levels - 1`` for slaves.
+        parent: The rank this one asks for ids (None for the master).
+        children: The ranks that ask this one for ids.
+        computes: Whether this rank runs tasks (servers may be serve-only).
+        weight: Ranks that run tasks in this rank's subtree, itself included.
+    """
+
+    rank: int
+    role: Role
+    level: int
+    parent: int | None
+    children: tuple[int, ...]
+    computes: bool
+    weight: int
+
+
+class Hierarchy:
+    """The whole tree for ``size`` ranks under ``plan``; ``nodes[r]`` describes rank ``r``."""
+
+    def __init__(self, size: int, plan: Plan, nodes: list[Node]) -> None:
+        self.size = size
+        self.plan = plan
+        self.nodes = nodes
+
+    def __getitem__(self, rank: int) -> Node:
+        return self.nodes[rank]
+
+    def servers(self) -> list[Node]:
+        """Return the master and region-masters, master first."""
+        return [n for n in self.nodes if n.role is not Role.SLAVE]
+
+    def workers(self) -> int:
+        """Return how many ranks run tasks."""
+        return sum(1 for n in self.nodes if n.computes)
+
+    def summary(self) -> dict[str, object]:
+        """Return counts per role and level, for the report and the progress line."""
+        per_level: dict[int, int] = {}
+        for n in self.nodes:
+            per_level[n.level] = per_level.get(n.level, 0) + 1
+        return {
+            "size": self.size,
+            "levels": self.plan.levels,
+            "region_masters": sum(1 for n in self.nodes if n.role is Role.REGION),
+            "workers": self.workers(),
+            "ranks_per_level": [per_level.get(k, 0) for k in range(self.plan.levels)],
+            "master_children": len(self.nodes[0].children),
+        }
+
+
+def _split(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``[lo, hi)`` into ``parts`` contiguous blocks whose sizes differ by at most one."""
+    n = hi - lo
+    base, extra = divmod(n, parts)
+    out = []
+    start = lo
+    for k in range(parts):
+        stop = start + base + (1 if k < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def build(size: int, plan: Plan) -> Hierarchy:
+    """Return the hierarchy of ``plan`` over ranks ``0 .. size - 1``.
+
+    Raises:
+        PlanError: when the plan does not fit ``size`` ranks.
+    """
+    plan.check_fits(size)
+    last = plan.levels - 1
+    parent: list[int | None] = [None] * size
+    level = [last] * size
+    children: list[list[int]] = [[] for _ in range(size)]
+    level[0] = 0
+
+    def lay(lo: int, hi: int, depth: int) -> None:
+        # Rank `lo` leads [lo, hi) from `depth` down.
+        if depth == last - 1:
+            for r in range(lo + 1, hi):
+                parent[r] = lo
+                children[lo].append(r)
+            return
+        blocks = _split(lo, hi, plan.regions[depth])
+        for sub_lo, sub_hi in blocks[1:]:
+            parent[sub_lo] = lo
+            level[sub_lo] = depth + 1
+            children[lo].append(sub_lo)
+        for sub_lo, sub_hi in blocks:
+            lay(sub_lo, sub_hi, depth + 1)
+
+    lay(0, size, 0)
+
+    def serves_only(r: int) -> bool:
+        if not children[r]:
+            return False
+        if plan.serve_only == "all":
+            return True
+        return plan.serve_only == "master" and r == 0
+
+    computes = [not serves_only(r) for r in range(size)]
+    weight = [1 if c else 0 for c in computes]
+    # Children always have larger ranks than their parent: sum weights bottom-up.
+    for r in range(size - 1, 0, -1):
+        p = parent[r]
+        assert p is not None
+        weight[p] += weight[r]
+
+    def role(r: int) -> Role:
+        if r == 0:
+            return Role.MASTER
+        return Role.REGION if children[r] else Role.SLAVE
+
+    nodes = [
+        Node(
+            rank=r,
+            role=role(r),
+            level=level[r],
+            parent=parent[r],
+            children=tuple(children[r]),
+            computes=computes[r],
+            weight=weight[r],
+        )
+        for r in range(size)
+    ]
+    return Hierarchy(size, plan, nodes)

@@ -1,0 +1,89 @@
+"""The messages between a rank and its parent: one tag enum, one frozen dataclass per kind.
+
+Task ids travel in payloads as ranges (``((start, stop), ...)``), never in MPI tags.
+On the wire a message is a plain tuple of its fields (cheap to pickle); the MPI tag
+says which class it is. Pure Python, no MPI.
+
+Conversation (child C, parent P):
+
+* C -> P ``Report(done, results, want, returned, leaving)``: "these ids are finished (with
+  these results), give me up to ``want`` more" (``want == 0``: just reporting).
+  ``returned`` gives back ids C was granted but will not run (it is leaving).
+  A child has at most one ``want`` outstanding. ``leaving`` says C will send nothing
+  more (it left the loop early); its ``returned`` ids go back to P's queue.
+* P -> C ``Grant(ids, final, residence, dispose)``: answers a ``want``. ``final``
+  means no id will ever come again: C finishes what it holds and leaves. A parent
+  defers a want until it has ids or knows the job is finished, so a grant is never
+  empty unless it is final. ``residence`` and ``dispose`` are the seconds the request
+  spent at P in total and in P's own handling, so C can split its request time into
+  message, wait and dispose parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import IntEnum
+from typing import Any, ClassVar, Union
+
+from .ranges import Ranges
+
+__all__ = ["Tag", "Report", "Grant", "Message", "encode", "decode"]
+
+
+class Tag(IntEnum):
+    """MPI tags of the farm's private communicator (small ints: tags are only guaranteed to 32767)."""
+
+    REPORT = 11
+    GRANT = 12
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Child to parent: completions, results, and a request for more ids."""
+
+    TAG: ClassVar[Tag] = Tag.REPORT
+    done: Ranges = ()
+    results: tuple[tuple[int, float], ...] = ()
+    want: int = 0
+    returned: Ranges = ()
+    leaving: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Parent to child: ids to run, or the news that there will be no more."""
+
+    TAG: ClassVar[Tag] = Tag.GRANT
+    ids: Ranges = ()
+    final: bool = False
+    residence: float = 0.0
+    dispose: float = 0.0
+
+
+Message = Union[Report, Grant]
+
+_BY_TAG: dict[int, Any] = {Tag.REPORT: Report, Tag.GRANT: Grant}
+_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls in (Report, Grant)
+}
+
+
+def encode(msg: Message) -> tuple[int, tuple[Any, ...]]:
+    """Return ``(tag, payload)`` for sending ``msg``."""
+    return int(msg.TAG), tuple(getattr(msg, name) for name in _FIELDS[type(msg)])
+
+
+def decode(tag: int, payload: tuple[Any, ...]) -> Message:
+    """Rebuild a message from its tag and payload.
+
+    Raises:
+        ValueError: for an unknown tag or a payload of the wrong shape.
+    """
+    try:
+        cls = _BY_TAG[tag]
+    except KeyError:
+        raise ValueError(f"unknown nlevel message tag {tag}; expected one of {sorted(_BY_TAG)}") from None
+    if not isinstance(payload, tuple) or len(payload) != len(_FIELDS[cls]):
+        raise ValueError(f"malformed {cls.__name__} payload: {payload!r}")
+    msg: Message = cls(*payload)
+    return msg

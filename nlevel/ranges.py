@@ -1,0 +1,197 @@
+"""Compact sets of task ids as sorted half-open ranges.
+
+Ids are handed out and completed mostly in order, so the set of completed ids of a
+run of 10^9 tasks is a handful of ranges, not 10^9 Python ints. Every id
+collection in nlevel (the master's pool, what a child holds, the completion record)
+is a :class:`RangeSet`; messages carry ranges as tuples of ``(start, stop)`` pairs.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from typing import Iterable, Iterator
+
+__all__ = ["Ranges", "RangeSet"]
+
+#: Wire form of an id collection: sorted, disjoint ``(start, stop)`` pairs.
+Ranges = tuple[tuple[int, int], ...]
+
+
+class RangeSet:
+    """A set of non-negative ints kept as sorted, disjoint, non-adjacent ``[start, stop)`` ranges.
+
+    Two parallel lists (starts, stops) keep bisection cheap. Adding a range that
+    touches or overlaps existing ones merges them, so the number of ranges stays
+    small when ids arrive roughly in order.
+    """
+
+    __slots__ = ("_starts", "_stops", "_count")
+
+    def __init__(self, ranges: Iterable[tuple[int, int]] = ()) -> None:
+        self._starts: list[int] = []
+        self._stops: list[int] = []
+        self._count = 0
+        for start, stop in ranges:
+            self.add(start, stop)
+
+    @classmethod
+    def span(cls, start: int, stop: int) -> RangeSet:
+        """Return the set ``[start, stop)``."""
+        out = cls()
+        out.add(start, stop)
+        return out
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def __contains__(self, i: int) -> bool:
+        k = bisect_right(self._starts, i) - 1
+        return k >= 0 and i < self._stops[k]
+
+    def __iter__(self) -> Iterator[int]:
+        for start, stop in zip(self._starts, self._stops):
+            yield from range(start, stop)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RangeSet):
+            return NotImplemented
+        return self._starts == other._starts and self._stops == other._stops
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"[{a}, {b})" for a, b in list(self.ranges())[:6])
+        more = " ..." if len(self._starts) > 6 else ""
+        return f"RangeSet({shown}{more}; {self._count} ids)"
+
+    @property
+    def n_ranges(self) -> int:
+        """Number of disjoint ranges (the memory footprint is proportional to it)."""
+        return len(self._starts)
+
+    def ranges(self) -> Ranges:
+        """Return the wire form: a tuple of ``(start, stop)`` pairs."""
+        return tuple(zip(self._starts, self._stops))
+
+    def first(self) -> int:
+        """Return the smallest id. Raises IndexError when empty."""
+        return self._starts[0]
+
+    def add(self, start: int, stop: int) -> int:
+        """Add ``[start, stop)``; return how many of its ids were not already present."""
+        if stop <= start:
+            return 0
+        starts, stops = self._starts, self._stops
+        # Fast path: appending at the end (ids completed in order).
+        if not starts or start > stops[-1]:
+            starts.append(start)
+            stops.append(stop)
+            self._count += stop - start
+            return stop - start
+        lo = bisect_left(stops, start)  # first range whose stop >= start (touching merges)
+        hi = bisect_right(starts, stop)  # ranges [lo, hi) touch or overlap [start, stop)
+        if lo == hi:
+            starts.insert(lo, start)
+            stops.insert(lo, stop)
+            self._count += stop - start
+            return stop - start
+        covered = sum(min(stops[k], stop) - max(starts[k], start) for k in range(lo, hi))
+        covered = max(covered, 0)
+        new_start = min(start, starts[lo])
+        new_stop = max(stop, stops[hi - 1])
+        removed = sum(stops[k] - starts[k] for k in range(lo, hi))
+        starts[lo:hi] = [new_start]
+        stops[lo:hi] = [new_stop]
+        self._count += (new_stop - new_start) - removed
+        return (stop - start) - covered
+
+    def add_ranges(self, ranges: Iterable[tuple[int, int]]) -> int:
+        """Add every range; return the number of ids that were new."""
+        return sum(self.add(a, b) for a, b in ranges)
+
+    def remove(self, start: int, stop: int) -> int:
+        """Remove ``[start, stop)``; return how many ids were actually removed."""
+        if stop <= start or not self._starts:
+            return 0
+        starts, stops = self._starts, self._stops
+        lo = bisect_right(stops, start)  # first range with stop > start
+        hi = bisect_left(starts, stop)  # ranges [lo, hi) overlap [start, stop)
+        if lo >= hi:
+            return 0
+        new_starts: list[int] = []
+        new_stops: list[int] = []
+        removed = 0
+        for k in range(lo, hi):
+            a, b = starts[k], stops[k]
+            removed += min(b, stop) - max(a, start)
+            if a < start:
+                new_starts.append(a)
+                new_stops.append(start)
+            if b > stop:
+                new_starts.append(stop)
+                new_stops.append(b)
+        starts[lo:hi] = new_starts
+        stops[lo:hi] = new_stops
+        self._count -= removed
+        return removed
+
+    def remove_ranges(self, ranges: Iterable[tuple[int, int]]) -> int:
+        """Remove every range; return the number of ids removed."""
+        return sum(self.remove(a, b) for a, b in ranges)
+
+    def take(self, n: int) -> Ranges:
+        """Remove and return up to ``n`` of the smallest ids, as ranges."""
+        out: list[tuple[int, int]] = []
+        starts, stops = self._starts, self._stops
+        while n > 0 and starts:
+            a, b = starts[0], stops[0]
+            if b - a <= n:
+                out.append((a, b))
+                del starts[0], stops[0]
+                n -= b - a
+                self._count -= b - a
+            else:
+                out.append((a, a + n))
+                starts[0] = a + n
+                self._count -= n
+                n = 0
+        return tuple(out)
+
+    def pop(self) -> int:
+        """Remove and return the smallest id. Raises IndexError when empty."""
+        starts = self._starts
+        a = starts[0]
+        if self._stops[0] == a + 1:
+            del starts[0], self._stops[0]
+        else:
+            starts[0] = a + 1
+        self._count -= 1
+        return a
+
+    def overlap(self, start: int, stop: int) -> int:
+        """Return how many ids of ``[start, stop)`` are in the set."""
+        starts, stops = self._starts, self._stops
+        lo = bisect_right(stops, start)
+        hi = bisect_left(starts, stop)
+        return sum(min(stops[k], stop) - max(starts[k], start) for k in range(lo, hi))
+
+    def complement(self, total: int) -> RangeSet:
+        """Return ``[0, total)`` minus this set."""
+        out = RangeSet()
+        prev = 0
+        for a, b in zip(self._starts, self._stops):
+            if a >= total:
+                break
+            out.add(prev, a)
+            prev = b
+        out.add(prev, total)
+        return out
+
+    def copy(self) -> RangeSet:
+        """Return an independent copy."""
+        out = RangeSet()
+        out._starts = list(self._starts)
+        out._stops = list(self._stops)
+        out._count = self._count
+        return out

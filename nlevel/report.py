@@ -1,0 +1,150 @@
+"""The run report: what the farm decided and measured, as a JSON-ready dict. Pure Python."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from typing import Any
+
+from . import __version__
+from .config import Config
+from .hierarchy import Hierarchy
+from .roles.ledger import Ledger
+from .stats import RequestTimes, Summary
+
+__all__ = ["build_report", "write_json", "format_summary"]
+
+_LEVEL_NAMES = {0: "master"}
+
+
+def _level_name(level: int, levels: int) -> str:
+    if level == 0:
+        return "master"
+    return "slave" if level == levels - 1 else f"region-master L{level}"
+
+
+def build_report(
+    *,
+    config: Config,
+    hierarchy: Hierarchy,
+    ranks: list[dict[str, Any]],
+    ledger: Ledger,
+    started: float,
+    wall: float,
+    checkpoint: str | None,
+    writer: Any = None,
+    failures: list[dict[str, Any]] | None = None,
+    app: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Merge every rank's statistics into the report.
+
+    ``requests`` is keyed by the level of the rank asking (a slave at level 2 asks a
+    region-master at level 1): each entry splits the request time into message, wait
+    and dispose parts, in milliseconds. ``overhead`` counts every rank, serve-only ones
+    included: ``1 - sum(task time) / (size * wall)``.
+    """
+    tasks = Summary()
+    by_level: dict[int, RequestTimes] = {}
+    per_rank = []
+    unexpected = 0
+    for r in ranks:
+        t: Summary | None = r.get("tasks")
+        if t is not None:
+            tasks.merge(t)
+        req: RequestTimes | None = r.get("requests")
+        if req is not None and req.total.n:
+            by_level.setdefault(r["level"], RequestTimes()).merge(req)
+        unexpected += r.get("unexpected", 0)
+        per_rank.append(
+            {
+                "rank": r["rank"],
+                "role": r["role"],
+                "level": r["level"],
+                "tasks": t.n if t is not None else 0,
+                "busy_s": t.total if t is not None else 0.0,
+                "served": r.get("served", 0),
+            }
+        )
+    size = hierarchy.size
+    levels = hierarchy.plan.levels
+    busy = tasks.total
+    report: dict[str, Any] = {
+        "nlevel_version": __version__,
+        "started": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": wall,
+        "size": size,
+        "app": app or {},
+        "config": config.to_dict(),
+        "plan": hierarchy.plan.to_dict(),
+        "hierarchy": hierarchy.summary(),
+        "total": ledger.total,
+        "committed": ledger.n_committed,
+        "committed_this_run": ledger.commits,
+        "resumed_from_checkpoint": ledger.resumed,
+        "recomputed": ledger.recomputed,
+        "unexpected_completions": unexpected,
+        "complete": ledger.complete(),
+        "failures": failures or [],
+        "tasks": {"run": tasks.n, **tasks.to_dict(1e3)},
+        "task_time_sum_s": busy,
+        "overhead": (1.0 - busy / (size * wall)) if wall > 0 and size else 0.0,
+        "overhead_workers": (1.0 - busy / (hierarchy.workers() * wall)) if wall > 0 and hierarchy.workers() else 0.0,
+        "requests": {
+            _level_name(level, levels): {"level": level, **rt.to_dict()} for level, rt in sorted(by_level.items())
+        },
+        "per_rank": per_rank if size <= 4096 else [],
+        "checkpoint": None,
+    }
+    if checkpoint is not None:
+        report["checkpoint"] = {
+            "path": checkpoint,
+            "writes": getattr(writer, "writes", None),
+            "bytes_written": getattr(writer, "bytes_written", None),
+            "last_write_s": getattr(writer, "last_write_seconds", None),
+        }
+    return report
+
+
+def write_json(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
+    """Write ``report`` to ``path`` atomically (temp file + rename): a kill never leaves half a report."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(report, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def format_summary(report: dict[str, Any]) -> str:
+    """Return the few lines printed at the end of ``python -m nlevel.run``."""
+    tasks = report["tasks"]
+    lines = [
+        f"nlevel: {report['committed']}/{report['total']} tasks committed "
+        f"({report['committed_this_run']} this run, {report['resumed_from_checkpoint']} from the checkpoint, "
+        f"{report['recomputed']} recomputed) on {report['size']} processes in {report['wall_s']:.2f} s",
+        f"  plan: {report['plan']['levels']} levels, {report['hierarchy']['region_masters']} region-masters, "
+        f"{report['hierarchy']['workers']} workers ({report['plan']['reason']})",
+    ]
+    if tasks.get("count"):
+        lines.append(
+            f"  task time: mean {tasks['mean']:.3f} ms, p50 {tasks['p50']:.3f}, p99 {tasks['p99']:.3f}, "
+            f"max {tasks['max']:.3f} ms; overhead {100 * report['overhead']:.1f}% of {report['size']} x wall"
+        )
+    for name, parts in report["requests"].items():
+        if parts["total"].get("count"):
+            lines.append(
+                f"  requests from {name}s: {parts['total']['count']}, mean {parts['total']['mean']:.3f} ms "
+                f"= message {parts['message']['mean']:.3f} x2 + wait {parts['wait']['mean']:.3f} "
+                f"+ dispose {parts['dispose']['mean']:.3f} ms"
+            )
+    if not report["complete"]:
+        lines.append(f"  INCOMPLETE: {report['total'] - report['committed']} tasks not committed")
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""The master's record of committed task ids and their results.
+
+Committing an id twice is counted (``recomputed``) but records it once, and its second
+result is dropped: the completion record and the results are exactly-once. Ids are a
+:class:`~nlevel.ranges.RangeSet` and results live in flat typed arrays, so memory
+grows with the number of id ranges and results, not with ``total``. Pure Python.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Iterable
+
+import numpy as np
+
+from ..ranges import RangeSet
+
+__all__ = ["Ledger"]
+
+
+class Ledger:
+    """Committed ids and results of one run.
+
+    Args:
+        total: Number of task ids.
+        completed: Ranges already committed by earlier runs (from the checkpoint).
+        result_ids, result_values: Results already committed by earlier runs.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        completed: Iterable[tuple[int, int]] = (),
+        result_ids: Iterable[int] = (),
+        result_values: Iterable[float] = (),
+    ) -> None:
+        self.total = total
+        self.committed = RangeSet(completed)
+        self.resumed = len(self.committed)
+        self.result_ids = array("q", result_ids)
+        self.result_values = array("d", result_values)
+        self.recomputed = 0
+        self.commits = 0  # ids committed by this run
+
+    def remaining(self) -> RangeSet:
+        """Return the ids not committed yet."""
+        return self.committed.complement(self.total)
+
+    def commit(self, done: Iterable[tuple[int, int]], results: Iterable[tuple[int, float]] = ()) -> int:
+        """Commit finished ids and their results; return how many ids were new."""
+        fresh_results = [(i, v) for i, v in results if i not in self.committed]
+        new = 0
+        for a, b in done:
+            added = self.committed.add(a, b)
+            new += added
+            self.recomputed += (b - a) - added
+        for i, v in fresh_results:
+            self.result_ids.append(i)
+            self.result_values.append(v)
+        self.commits += new
+        return new
+
+    @property
+    def n_committed(self) -> int:
+        """Ids committed, by this run and the runs it resumed."""
+        return len(self.committed)
+
+    def complete(self) -> bool:
+        """Whether every id in ``[0, total)`` is committed."""
+        return len(self.committed) == self.total
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return copies (completed ranges ``(K, 2)``, result ids, result values) for a checkpoint."""
+        ranges = self.committed.ranges()
+        completed = np.array(ranges, dtype=np.int64).reshape(len(ranges), 2)
+        return (
+            completed,
+            np.array(self.result_ids, dtype=np.int64),
+            np.array(self.result_values, dtype=np.float64),
+        )

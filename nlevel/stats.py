@@ -1,0 +1,141 @@
+"""Streaming statistics that merge across ranks: task times and request-time parts.
+
+Pure Python. Every rank keeps a :class:`Summary` per quantity; at the end of a run the
+summaries are gathered to rank 0 and merged for the report.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+__all__ = ["Summary", "RequestTimes"]
+
+_SAMPLE = 512  # values kept per summary for percentiles (reservoir sampling)
+
+
+class Summary:
+    """Count, sum, mean, standard deviation, min, max and approximate percentiles of a stream.
+
+    Welford's update keeps the variance stable; a fixed-size reservoir sample gives
+    percentiles without keeping every value.
+    """
+
+    __slots__ = ("n", "total", "_mean", "_m2", "lo", "hi", "sample", "_rng")
+
+    def __init__(self, seed: int = 0) -> None:
+        self.n = 0
+        self.total = 0.0
+        self._mean = 0.0
+        self._m2 = 0.0
+        self.lo = math.inf
+        self.hi = -math.inf
+        self.sample: list[float] = []
+        self._rng = random.Random(seed)
+
+    def add(self, x: float) -> None:
+        """Add one value."""
+        self.n += 1
+        self.total += x
+        d = x - self._mean
+        self._mean += d / self.n
+        self._m2 += d * (x - self._mean)
+        if x < self.lo:
+            self.lo = x
+        if x > self.hi:
+            self.hi = x
+        if len(self.sample) < _SAMPLE:
+            self.sample.append(x)
+        else:
+            k = self._rng.randrange(self.n)
+            if k < _SAMPLE:
+                self.sample[k] = x
+
+    def merge(self, other: Summary) -> None:
+        """Fold ``other`` into this summary (Chan et al. parallel variance)."""
+        if other.n == 0:
+            return
+        if self.n == 0:
+            self.n, self.total, self._mean, self._m2 = other.n, other.total, other._mean, other._m2
+            self.lo, self.hi, self.sample = other.lo, other.hi, list(other.sample)
+            return
+        n = self.n + other.n
+        d = other._mean - self._mean
+        self._m2 += other._m2 + d * d * self.n * other.n / n
+        self._mean += d * other.n / n
+        # Keep the merged sample proportional to the two streams' sizes.
+        k_other = round(_SAMPLE * other.n / n)
+        mine = self._rng.sample(self.sample, min(len(self.sample), _SAMPLE - k_other))
+        theirs = self._rng.sample(other.sample, min(len(other.sample), k_other))
+        self.sample = mine + theirs
+        self.n = n
+        self.total += other.total
+        self.lo = min(self.lo, other.lo)
+        self.hi = max(self.hi, other.hi)
+
+    @property
+    def mean(self) -> float:
+        """Mean of the values (0 when empty)."""
+        return self._mean if self.n else 0.0
+
+    @property
+    def std(self) -> float:
+        """Sample standard deviation (0 for fewer than two values)."""
+        return math.sqrt(self._m2 / (self.n - 1)) if self.n > 1 else 0.0
+
+    def quantile(self, q: float) -> float:
+        """Approximate ``q``-quantile from the reservoir (0 when empty)."""
+        if not self.sample:
+            return 0.0
+        s = sorted(self.sample)
+        return s[min(len(s) - 1, int(q * len(s)))]
+
+    def to_dict(self, scale: float = 1.0) -> dict[str, Any]:
+        """Return a JSON-ready dict; values multiplied by ``scale`` (e.g. 1e3 for ms)."""
+        if self.n == 0:
+            return {"count": 0}
+        return {
+            "count": self.n,
+            "sum": self.total * scale,
+            "mean": self.mean * scale,
+            "std": self.std * scale,
+            "min": self.lo * scale,
+            "p50": self.quantile(0.5) * scale,
+            "p99": self.quantile(0.99) * scale,
+            "max": self.hi * scale,
+        }
+
+
+class RequestTimes:
+    """The parts of a child's request time as the paper splits them.
+
+    ``total`` is measured by the child from sending a request to receiving the grant.
+    ``dispose`` is the parent's own handling, ``wait`` the time the request sat at the
+    parent waiting for ids (residence minus dispose), and ``message`` half of what is
+    left: transport both ways plus the time until the parent noticed the request.
+    """
+
+    __slots__ = ("total", "message", "wait", "dispose")
+
+    def __init__(self) -> None:
+        self.total = Summary(1)
+        self.message = Summary(2)
+        self.wait = Summary(3)
+        self.dispose = Summary(4)
+
+    def add(self, total: float, residence: float, dispose: float) -> None:
+        """Record one request from its measured total and the parent's residence and dispose times."""
+        self.total.add(total)
+        self.message.add(max(0.0, (total - residence) / 2))
+        self.wait.add(max(0.0, residence - dispose))
+        self.dispose.add(dispose)
+
+    def merge(self, other: RequestTimes) -> None:
+        """Fold ``other`` into this one."""
+        for name in self.__slots__:
+            getattr(self, name).merge(getattr(other, name))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the parts in milliseconds."""
+        return {name: getattr(self, name).to_dict(1e3) for name in self.__slots__}

@@ -1,0 +1,466 @@
+"""Tests of nlevel.checkpoint: round trips, every refusal, crash safety and the Writer thread."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+import h5py  # type: ignore[import-untyped]
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nlevel import checkpoint as ck
+from nlevel.errors import CheckpointError
+
+ROOT = Path(__file__).resolve().parents[1]
+FP, FP_SRC = ck.fingerprint("apps.demo", {"n": 3, "seed": 1})
+META = ck.RunMeta(total=100, fingerprint=FP, fingerprint_source=FP_SRC, plan='{"levels": 2}',
+                  version="0.1.0")
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def temps(path: Path) -> list[str]:
+    return sorted(p.name for p in path.parent.iterdir() if ".tmp-" in p.name)
+
+
+def snap(ranges: Sequence[Sequence[int]], ids: Sequence[int] = (),
+         vals: Sequence[float] = ()) -> ck.Snapshot:
+    return ck.Snapshot(np.array(ranges, np.int64).reshape(-1, 2), np.array(ids, np.int64),
+                       np.array(vals, np.float64))
+
+
+def assert_same(a: ck.Snapshot, b: ck.Snapshot) -> None:
+    for x, y in ((a.completed, b.completed), (a.result_ids, b.result_ids),
+                 (a.result_values, b.result_values)):
+        assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def raw_write(path: Path, attrs: dict[str, Any] | None = None, drop: tuple[str, ...] = (),
+              **data: Any) -> None:
+    """Write our layout with h5py directly, bypassing validation, to fake damaged files."""
+    a: dict[str, Any] = {"nlevel_format": 1, "total": 100, "fingerprint": FP,
+                         "fingerprint_source": FP_SRC, "plan": "{}", "version": "0.1.0",
+                         "created": "x", "updated": "x", "n_completed": 0}
+    a.update(attrs or {})
+    d: dict[str, Any] = {"completed": np.zeros((0, 2), np.int64),
+                         "result_ids": np.zeros(0, np.int64), "result_values": np.zeros(0)}
+    d.update(data)
+    with h5py.File(path, "w") as f:
+        f.attrs.update({k: v for k, v in a.items() if k not in drop})
+        for k, v in d.items():
+            if k not in drop:
+                f.create_dataset(k, data=v)
+
+
+# ---------------------------------------------------------------- fingerprint and Snapshot
+
+def test_fingerprint_is_canonical() -> None:
+    h1, s1 = ck.fingerprint("app", {"b": 1, "a": [1, 2], "p": Path("/x")})
+    h2, s2 = ck.fingerprint("app", {"p": Path("/x"), "a": [1, 2], "b": 1})
+    assert (h1, s1) == (h2, s2)
+    assert s1 == '{"app": "app", "params": {"a": [1, 2], "b": 1, "p": "/x"}}'
+    assert h1 == hashlib.sha256(s1.encode()).hexdigest()
+    assert ck.fingerprint("app", {"b": 2, "a": [1, 2], "p": "/x"})[0] != h1
+
+
+def test_snapshot_coerces_and_counts() -> None:
+    s = ck.Snapshot([], [], [])  # type: ignore[arg-type]  # array-likes are accepted
+    assert s.completed.shape == (0, 2) and s.completed.dtype == np.int64
+    assert s.result_values.dtype == np.float64 and s.n_completed == 0
+    assert snap([[0, 3], [5, 9]]).n_completed == 7
+    assert ck.Snapshot.empty().n_completed == 0
+    with pytest.raises(TypeError):
+        ck.Snapshot(np.array([[0.5, 2.0]]), np.array([]), np.array([]))
+
+
+# ---------------------------------------------------------------- round trips
+
+@pytest.mark.parametrize("s", [ck.Snapshot.empty(), snap([[0, 3], [5, 9], [99, 100]]),
+                               snap([[0, 10], [20, 30]], [9, 0, 25], [1.5, -0.0, np.nan])],
+                         ids=["empty", "ranges", "results"])
+def test_round_trip(tmp_path: Path, s: ck.Snapshot) -> None:
+    path = tmp_path / "ck.h5"
+    ck.write(path, META, s)
+    meta, back, extra = ck.read(path)
+    assert meta == META
+    assert_same(back, s)
+    assert extra["n_completed"] == s.n_completed and extra["format"] == ck.FORMAT_VERSION
+    before = sha(path)
+    assert_same(ck.load(path, META), s)
+    assert sha(path) == before and temps(path) == []
+
+
+def test_created_is_kept_across_rewrites(tmp_path: Path) -> None:
+    path = tmp_path / "ck.h5"
+    ck.write(path, META, ck.Snapshot.empty())
+    created = ck.read(path)[2]["created"]
+    datetime.fromisoformat(created)
+    time.sleep(0.01)
+    ck.write(path, META, snap([[0, 5]]))
+    _, s, extra = ck.read(path)
+    assert extra["created"] == created and extra["updated"] > created and s.n_completed == 5
+
+
+def test_load_missing_file_is_empty(tmp_path: Path) -> None:
+    s = ck.load(tmp_path / "ck.h5", META)
+    assert s.n_completed == 0 and s.completed.shape == (0, 2)
+    assert list(tmp_path.iterdir()) == []  # the writability probe leaves nothing behind
+
+
+# ---------------------------------------------------------------- paths and directories
+
+def test_directory_path_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="is a directory; expected an HDF5 file path") as e:
+        ck.load(tmp_path, META)
+    assert str(tmp_path) in str(e.value)
+
+
+def test_missing_parent_directory(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist") as e:
+        ck.load(tmp_path / "nope" / "ck.h5", META)
+    assert str(tmp_path / "nope") in str(e.value)
+    assert not (tmp_path / "nope").exists()
+
+
+def test_parent_is_a_regular_file(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(CheckpointError, match="is not a directory") as e:
+        ck.load(tmp_path / "f" / "ck.h5", META)
+    assert str(tmp_path / "f") in str(e.value)
+
+
+def test_unwritable_directory(tmp_path: Path) -> None:
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o500)
+    try:
+        try:
+            (d / "probe").touch()
+        except PermissionError:
+            pass
+        else:
+            pytest.skip("chmod 0o500 does not stop this user (root) from writing; the "
+                        "regular-file-parent and missing-directory tests cover the refusal")
+        with pytest.raises(CheckpointError, match="cannot create files in directory") as e:
+            ck.load(d / "ck.h5", META)
+        assert str(d) in str(e.value)
+    finally:
+        d.chmod(0o700)
+
+
+def test_stale_temps_of_killed_writers_are_removed(tmp_path: Path) -> None:
+    path = tmp_path / "ck.h5"
+    ck.write(path, META, snap([[0, 4]]))
+    stale = [tmp_path / "ck.h5.tmp-999999-0", tmp_path / "ck.h5.tmp-1-17"]
+    keep = [tmp_path / n for n in ("ck.h5.tmp-notes", "other.h5.tmp-1-1", "ck.h5.bak",
+                                   f"ck.h5.tmp-{os.getpid()}-5")]
+    for p in stale + keep:
+        p.write_text("junk")
+    assert ck.load(path, META).n_completed == 4
+    assert [p.exists() for p in stale] == [False, False]
+    assert all(p.exists() for p in keep)
+
+
+# ---------------------------------------------------------------- --fresh
+
+def test_fresh_moves_the_old_file_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Frozen:
+            return cls(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+    monkeypatch.setattr(ck, "datetime", Frozen)
+    path = tmp_path / "ck.h5"
+    bak = tmp_path / "ck.h5.20300102T030405.bak"
+    bak1 = tmp_path / "ck.h5.20300102T030405-1.bak"
+    ck.write(path, META, snap([[0, 7]]))
+    first = sha(path)
+    with pytest.warns(UserWarning, match=str(bak)):
+        assert ck.load(path, META, fresh=True).n_completed == 0
+    assert not path.exists() and sha(bak) == first
+    path.write_text("not even HDF5")  # --fresh moves anything aside, never overwrites
+    second = sha(path)
+    with pytest.warns(UserWarning, match=str(bak1)):
+        ck.load(path, META, fresh=True)
+    assert sha(bak) == first and sha(bak1) == second and not path.exists()
+
+
+def test_fresh_without_a_file_is_empty(tmp_path: Path) -> None:
+    assert ck.load(tmp_path / "ck.h5", META, fresh=True).n_completed == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- refusals, file untouched
+
+def refused(path: Path, match: str, meta: ck.RunMeta = META) -> str:
+    before = sha(path)
+    with pytest.raises(CheckpointError, match=match) as e:
+        ck.load(path, meta)
+    assert sha(path) == before and temps(path) == []
+    assert str(path) in str(e.value)
+    return str(e.value)
+
+
+def test_text_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ck.h5"
+    path.write_text("my precious notes\n")
+    msg = refused(path, "is not an HDF5 file")
+    assert "will not overwrite" in msg
+
+
+def test_foreign_hdf5_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ck.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(3)
+    refused(path, "is an HDF5 file but not an nlevel checkpoint")
+
+
+def test_truncated_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ck.h5"
+    ck.write(path, META, snap([[0, 100]], list(range(100)), list(range(100))))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    msg = refused(path, "corrupt or truncated")
+    assert "--fresh" in msg
+
+
+@pytest.mark.parametrize("bad", [
+    dict(completed=np.array([[5, 9], [0, 3]])),            # unsorted
+    dict(completed=np.array([[0, 5], [3, 9]])),            # overlapping
+    dict(completed=np.array([[0, 5], [5, 9]])),            # adjacent
+    dict(completed=np.array([[4, 4]])),                    # empty range
+    dict(completed=np.array([[-1, 3]])),                   # below 0
+    dict(completed=np.array([[90, 101]])),                 # beyond total
+    dict(completed=np.array([[0, 1, 2]])),                 # wrong shape
+    dict(completed=np.array([[0, 3]]), result_ids=np.array([3]), result_values=np.ones(1)),
+    dict(result_ids=np.array([1]), result_values=np.ones(1)),
+    dict(completed=np.array([[0, 3]]), result_ids=np.array([1]), result_values=np.ones(2)),
+    dict(completed=np.array([[0, 3]]), attrs={"n_completed": 0}),
+    dict(drop=("result_values",)),
+    dict(drop=("total",)),
+], ids=["unsorted", "overlap", "adjacent", "empty", "negative", "beyond", "shape",
+        "result-outside", "result-no-ranges", "values-length", "n_completed", "no-dataset",
+        "no-attr"])
+def test_inconsistent_contents_are_refused(tmp_path: Path, bad: dict[str, Any]) -> None:
+    path = tmp_path / "ck.h5"
+    bad = dict(bad)
+    if "completed" in bad and "attrs" not in bad and bad["completed"].shape[1:] == (2,):
+        n = int((bad["completed"][:, 1] - bad["completed"][:, 0]).sum())
+        bad["attrs"] = {"n_completed": n}  # so the range check itself must catch it
+    raw_write(path, **bad)
+    refused(path, "corrupt or truncated.*--fresh")
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        ck.read(path)
+
+
+def test_newer_format_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ck.h5"
+    raw_write(path, attrs={"nlevel_format": ck.FORMAT_VERSION + 1})
+    refused(path, f"format {ck.FORMAT_VERSION + 1}, newer than {ck.FORMAT_VERSION}")
+
+
+def test_other_fingerprint_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ck.h5"
+    ck.write(path, META, snap([[0, 4]]))
+    fp, src = ck.fingerprint("apps.demo", {"n": 4, "seed": 1})
+    other = ck.RunMeta(100, fp, src, "{}", "0.1.0")
+    msg = refused(path, "belongs to another run", other)
+    for text in (FP, FP_SRC, fp, src, "--fresh"):
+        assert text in msg
+
+
+def test_other_total_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ck.h5"
+    ck.write(path, META, snap([[0, 4]]))
+    other = ck.RunMeta(250, FP, FP_SRC, "{}", "0.1.0")
+    msg = refused(path, "total 100 task ids, this run has 250", other)
+    assert "--fresh" in msg
+
+
+# ---------------------------------------------------------------- write() refusals and errors
+
+@pytest.mark.parametrize("bad", [snap([[0, 5], [3, 9]]), snap([[0, 101]]),
+                                 snap([[0, 5]], [7], [1.0])], ids=["overlap", "total", "result"])
+def test_write_refuses_invalid_snapshot(tmp_path: Path, bad: ck.Snapshot) -> None:
+    path = tmp_path / "ck.h5"
+    ck.write(path, META, snap([[0, 2]]))
+    before = sha(path)
+    with pytest.raises(CheckpointError, match="refusing to write checkpoint"):
+        ck.write(path, META, bad)
+    assert sha(path) == before and temps(path) == []
+
+
+def test_write_refuses_to_replace_other_files(tmp_path: Path) -> None:
+    text, foreign, other = tmp_path / "a.h5", tmp_path / "b.h5", tmp_path / "c.h5"
+    text.write_text("notes")
+    with h5py.File(foreign, "w") as f:
+        f["x"] = 1
+    ck.write(other, ck.RunMeta(100, "0" * 64, "{}", "{}", "0"), ck.Snapshot.empty())
+    for p in (text, foreign, other):
+        before = sha(p)
+        with pytest.raises(CheckpointError, match="refusing to replace") as e:
+            ck.write(p, META, snap([[0, 1]]))
+        assert str(p) in str(e.value) and sha(p) == before and temps(p) == []
+
+
+def test_write_into_missing_directory(tmp_path: Path) -> None:
+    path = tmp_path / "gone" / "ck.h5"
+    with pytest.raises(CheckpointError, match="cannot write checkpoint") as e:
+        ck.write(path, META, ck.Snapshot.empty())
+    assert str(path) in str(e.value) and "No such file or directory" in str(e.value)
+
+
+def run_py(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_write_error_keeps_previous_file(tmp_path: Path) -> None:
+    """A file-size limit stands in for a full disk: the write fails half way."""
+    path = tmp_path / "ck.h5"
+    ck.write(path, META, snap([[0, 3]]))
+    before = sha(path)
+    r = run_py(f"""
+        import resource, signal, sys, numpy as np
+        from nlevel import checkpoint as ck
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+        meta = ck.RunMeta(10**6, {FP!r}, {FP_SRC!r}, "{{}}", "0")
+        try:
+            ck.write(sys.argv[1], meta, ck.Snapshot([[0, 10**6]], np.arange(10**6), np.ones(10**6)))
+        except ck.CheckpointError as e:
+            print(e)
+            sys.exit(0)
+        sys.exit(3)
+        """, str(path))
+    assert r.returncode == 0, r.stderr
+    assert "cannot write checkpoint" in r.stdout and str(path) in r.stdout
+    assert "previous checkpoint" in r.stdout
+    assert sha(path) == before and temps(path) == []
+
+
+# ---------------------------------------------------------------- crash safety
+
+WRITER_LOOP = """
+    import sys, numpy as np
+    from nlevel import checkpoint as ck
+    meta = ck.RunMeta(10**8, "f" * 64, "{}", "{}", "0")
+    i = 0
+    while True:
+        i += 1
+        starts = np.arange(i * 50, dtype=np.int64) * 3
+        ck.write(sys.argv[1], meta, ck.Snapshot(np.stack([starts, starts + 2], 1), starts,
+                                                starts * 0.5))
+        if i == 1:
+            print("ready", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_never_leaves_an_unreadable_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "ck.h5"
+    rng = random.Random(20240611)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    killed_mid_write = 0
+    for trial in range(30):
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER_LOOP), str(path)],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            ready, _, _ = select.select([proc.stdout], [], [], 30)
+            assert ready and proc.stdout.readline() == b"ready\n", proc.stderr.read()
+            time.sleep(rng.uniform(0, 0.2))
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+            proc.stdout.close()
+            proc.stderr.close()
+        killed_mid_write += bool(temps(path))
+        meta, s, extra = ck.read(path)
+        k = len(s.completed)
+        assert meta.total == 10**8 and k > 0 and k % 50 == 0, (trial, k)
+        starts = np.arange(k, dtype=np.int64) * 3
+        assert np.array_equal(s.completed, np.stack([starts, starts + 2], 1))
+        assert np.array_equal(s.result_ids, starts)
+        assert np.array_equal(s.result_values, starts * 0.5)
+        assert s.n_completed == extra["n_completed"] == 2 * k
+        ck.load(path, meta)  # removes the killed writer's temporary
+        assert temps(path) == []
+    assert killed_mid_write > 0, "no kill landed during a write: the test proved nothing"
+
+
+# ---------------------------------------------------------------- Writer
+
+def test_writer_coalesces_and_writes_final(tmp_path: Path) -> None:
+    path = tmp_path / "ck.h5"
+    w = ck.Writer(path, META)
+    for i in range(1, 200):
+        w.submit(snap([[0, i % 100 + 1]]))
+    final = snap([[0, 10], [50, 60]], [55], [3.25])
+    w.close(final)
+    assert_same(ck.read(path)[1], final)
+    assert w.error is None and 1 <= w.writes < 100
+    assert w.bytes_written >= path.stat().st_size and w.last_write_seconds > 0
+    w.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        w.submit(final)
+
+
+def test_writer_surfaces_errors_on_close(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    d.mkdir()
+    path = d / "ck.h5"
+    w = ck.Writer(path, META)
+    d.rmdir()
+    w.submit(snap([[0, 1]]))
+    with pytest.raises(CheckpointError, match="cannot write checkpoint") as e:
+        w.close(snap([[0, 2]]))
+    assert str(path) in str(e.value) and w.error is e.value and w.writes == 0
+    with pytest.raises(CheckpointError):
+        w.close()
+
+
+# ---------------------------------------------------------------- property
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> tuple[int, ck.Snapshot]:
+    done = draw(st.lists(st.booleans(), max_size=300))
+    total = len(done) + draw(st.integers(0, 3))
+    mask = np.array([False, *done, False])
+    edges = np.flatnonzero(np.diff(mask.astype(np.int8)))
+    ranges = edges.reshape(-1, 2)
+    ids_done = [i for i, d in enumerate(done) if d]
+    ids = draw(st.lists(st.sampled_from(ids_done), unique=True)) if ids_done else []
+    vals = draw(st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=len(ids),
+                         max_size=len(ids)))
+    return total, snap(ranges.tolist(), ids, vals)
+
+
+@settings(max_examples=60, deadline=None)
+@given(snapshots())
+def test_valid_snapshots_round_trip_exactly(case: tuple[int, ck.Snapshot]) -> None:
+    total, s = case
+    meta = ck.RunMeta(total, FP, FP_SRC, "{}", "0.1.0")
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "ck.h5"
+        ck.write(path, meta, s)
+        assert_same(ck.load(path, meta), s)
+        assert ck.read(path)[2]["n_completed"] == s.n_completed
