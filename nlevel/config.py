@@ -196,8 +196,14 @@ def parse_setting(name: str, text: str, source: str | None = None) -> Any:
         return text
     except ValueError:
         unit = SETTINGS[name][0]
-        kind = "true/false" if isinstance(default, bool) else type(default).__name__
-        raise ConfigError(
-            f"{where} must be {'a list of integers like 4,2' if name == 'regions' else 'a ' + kind}"
-            f"{' (' + unit + ')' if unit else ''}, got {text!r}"
-        ) from None
+        if name == "regions":
+            kind = "a list of integers like 4,2"
+        elif isinstance(default, bool):
+            kind = "true or false"
+        elif isinstance(default, int):
+            kind = "an integer"
+        elif isinstance(default, float):
+            kind = "a number"
+        else:
+            kind = "text"
+        raise ConfigError(f"{where} must be {kind}{' (' + unit + ')' if unit else ''}, got {text!r}") from None

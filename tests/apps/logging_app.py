@@ -1,0 +1,31 @@
+"""A test app: records every execution of a task in a per-rank log (to prove exactly-once)."""
+
+import os
+import time
+
+_opts = None
+
+
+def add_arguments(parser):
+    parser.add_argument("--n", type=int, default=100)
+    parser.add_argument("--sleep-ms", type=float, default=0.0)
+    parser.add_argument("--log-dir", default=None)
+
+
+def setup(options):
+    global _opts
+    _opts = options
+
+
+def total(options):
+    return options.n
+
+
+def do_job(task_id):
+    if _opts.log_dir:
+        rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0"))
+        with open(os.path.join(_opts.log_dir, f"exec-{rank}.log"), "a") as f:
+            f.write(f"{task_id}\n")
+    if _opts.sleep_ms:
+        time.sleep(_opts.sleep_ms / 1e3)
+    return task_id * 0.5

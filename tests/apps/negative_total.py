@@ -1,0 +1,5 @@
+total = -3
+
+
+def do_job(task_id):
+    pass

@@ -1,0 +1,163 @@
+"""Farm behaviour on a real MPI world. Run by tests/test_mpi_suite.py under mpiexec -n 1, 4 and 7.
+
+Every check ends in an allreduce so a failure on one rank fails every rank instead of
+leaving the others waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import nlevel.checkpoint as ckpt
+from nlevel import CheckpointError, Config, ConfigError, Farm, PlanError, get_task_id
+
+comm = MPI.COMM_WORLD
+pytestmark = pytest.mark.mpi
+
+
+def everywhere(ok: bool) -> bool:
+    return bool(comm.allreduce(bool(ok), op=MPI.LAND))
+
+
+def exactly_once(mine: list[int], expected: set[int]) -> bool:
+    everyone = comm.allgather(mine)
+    flat = [i for part in everyone for i in part]
+    return len(flat) == len(set(flat)) and set(flat) == expected
+
+
+def plans_for_size(size: int) -> list[Config]:
+    out = [Config(levels=2)]
+    if size >= 4:
+        out.append(Config(levels=3))
+        out.append(Config(levels=3, serve_only="all"))
+    if size >= 8:
+        out.append(Config(levels=4))
+    out.append(Config(levels=2, chunk=3))
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_get_task_id_hands_out_every_id_once():
+    total = 2000
+    mine = []
+    while (tid := get_task_id(total)) >= 0:
+        mine.append(tid)
+    assert everywhere(exactly_once(mine, set(range(total))))
+    # A second loop on the same communicator starts a new farm.
+    mine = []
+    while (tid := get_task_id(17, None, comm)) >= 0:
+        mine.append(tid)
+    assert everywhere(exactly_once(mine, set(range(17))))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("which", range(5))
+def test_every_plan_on_this_world(which):
+    configs = plans_for_size(comm.size)
+    if which >= len(configs):
+        pytest.skip(f"only {len(configs)} plans fit {comm.size} processes")
+    mine = []
+    with Farm(3000, config=configs[which]) as farm:
+        for tid in farm:
+            mine.append(tid)
+    assert everywhere(exactly_once(mine, set(range(3000))))
+    if comm.rank == 0:
+        assert farm.report is not None and farm.report["complete"]
+        assert farm.report["plan"]["levels"] == configs[which].levels
+
+
+@pytest.mark.timeout(120)
+def test_results_are_committed_with_their_ids(mpi_tmp_path):
+    path = os.path.join(str(mpi_tmp_path), "results.h5")
+    with Farm(500, path, fingerprint="results-test", config=Config(levels=3 if comm.size >= 4 else 2)) as farm:
+        for tid in farm:
+            farm.complete(tid * 1.5)
+    ok = True
+    if comm.rank == 0:
+        meta, snap, _ = ckpt.read(path)
+        ok = snap.n_completed == 500 and meta.total == 500
+        ok = ok and np.array_equal(np.sort(snap.result_ids), np.arange(500))
+        ok = ok and np.allclose(snap.result_values[np.argsort(snap.result_ids)], np.arange(500) * 1.5)
+    assert everywhere(ok)
+
+
+@pytest.mark.timeout(120)
+def test_resume_never_reruns_recorded_tasks(mpi_tmp_path):
+    path = os.path.join(str(mpi_tmp_path), "resume.h5")
+    total = 400
+    done = np.array([[0, 150], [200, 201], [300, 390]], dtype=np.int64)
+    done_ids = {i for a, b in done for i in range(a, b)}
+    if comm.rank == 0:
+        fp, source = ckpt.fingerprint("resume-test", {})
+        ckpt.write(path, ckpt.RunMeta(total, fp, source, "{}", "test"), ckpt.Snapshot(done, np.zeros(0, np.int64), np.zeros(0)))
+    comm.Barrier()
+    mine = []
+    with Farm(total, path, fingerprint="resume-test") as farm:
+        for tid in farm:
+            mine.append(tid)
+    assert everywhere(exactly_once(mine, set(range(total)) - done_ids))
+    if comm.rank == 0:
+        assert farm.report["resumed_from_checkpoint"] == len(done_ids)
+
+
+@pytest.mark.timeout(120)
+def test_bad_totals_fail_on_every_rank():
+    with pytest.raises(ConfigError, match=r"total must be a non-negative integer, got -1"):
+        Farm(-1)
+    with pytest.raises(ConfigError, match=r"total must be a non-negative integer, got 2.5 \(float\)"):
+        Farm(2.5)
+    if comm.size > 1:
+        with pytest.raises(ConfigError, match=r"different totals on different ranks \(min 10, max 1[0-9]\)"):
+            Farm(10 + comm.rank % 2)
+    # The failures left nothing behind: a normal farm still works.
+    mine = [t for t in Farm(9)]
+    assert everywhere(exactly_once(mine, set(range(9))))
+
+
+@pytest.mark.timeout(120)
+def test_foreign_checkpoint_is_refused_and_left_untouched(mpi_tmp_path):
+    path = os.path.join(str(mpi_tmp_path), "foreign.h5")
+    if comm.rank == 0:
+        fp, source = ckpt.fingerprint("other-app", {"x": 1})
+        ckpt.write(path, ckpt.RunMeta(50, fp, source, "{}", "test"), ckpt.Snapshot.empty())
+    comm.Barrier()
+    before = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    with pytest.raises(CheckpointError, match="fingerprint"):
+        Farm(50, path, fingerprint="this-app")
+    after = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    assert everywhere(before == after)
+
+
+@pytest.mark.timeout(120)
+def test_plan_that_does_not_fit_fails_on_every_rank():
+    with pytest.raises(PlanError, match=f"needs at least {2 * (comm.size + 1)} processes"):
+        Farm(10, config=Config(levels=3, regions=(comm.size + 1,)))
+
+
+@pytest.mark.timeout(120)
+def test_ranks_leaving_early_give_their_ids_back():
+    mine = []
+    with Farm(600, config=Config(levels=3 if comm.size >= 4 else 2)) as farm:
+        for tid in farm:
+            mine.append(tid)
+            if comm.rank % 3 == 1 and len(mine) >= 2:
+                break  # leaving the with block returns unstarted ids and waits for the end
+    assert everywhere(exactly_once(mine, set(range(600))))
+
+
+@pytest.mark.timeout(120)
+def test_farm_on_a_sub_communicator():
+    sub = comm.Split(comm.rank % 2, comm.rank)
+    total = 100 + comm.rank % 2
+    mine = []
+    while (tid := get_task_id(total, None, sub)) >= 0:
+        mine.append(tid)
+    parts = sub.allgather(mine)
+    flat = sorted(i for p in parts for i in p)
+    sub.Free()
+    assert everywhere(flat == list(range(total)))

@@ -1,0 +1,45 @@
+import argparse
+import os
+
+import pytest
+
+from nlevel.app import load_app
+from nlevel.errors import AppError
+from nlevel.run import find_app
+
+HERE = os.path.dirname(__file__)
+
+
+def test_builtin_and_module_and_file():
+    assert load_app(None).name == "nlevel.micro"
+    assert load_app("tests.apps.logging_app").module.total is not None
+    app = load_app(os.path.join(HERE, "apps", "logging_app.py"))
+    p = argparse.ArgumentParser()
+    app.add_arguments(p)
+    opts = p.parse_args(["--n", "7"])
+    app.setup(opts)
+    assert app.total(opts) == 7 and app.do_job(4) == 2.0
+
+
+def test_bad_apps_say_what_is_expected():
+    with pytest.raises(AppError, match=r"APP 'no.such.module' cannot be imported: ModuleNotFoundError"):
+        load_app("no.such.module")
+    with pytest.raises(AppError, match=r"no such file"):
+        load_app("missing_app.py")
+    with pytest.raises(AppError, match=r"lacks do_job; an app must define do_job\(task_id\)"):
+        load_app("tests.apps.no_do_job")
+    app = load_app("tests.apps.negative_total")
+    with pytest.raises(AppError, match="total must be a non-negative integer, got -3"):
+        app.total(argparse.Namespace())
+
+
+@pytest.mark.parametrize("argv,app", [
+    ([], None),
+    (["myapp"], "myapp"),
+    (["--levels", "3", "myapp", "--size", "4"], "myapp"),
+    (["--tasks", "4000"], None),
+    (["--checkpoint", "x.h5", "--quiet", "a.py"], "a.py"),
+    (["--levels=3", "--", "app"], "app"),
+])
+def test_find_app(argv, app):
+    assert find_app(argv) == app

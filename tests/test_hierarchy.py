@@ -1,0 +1,105 @@
+import pytest
+
+from nlevel.errors import PlanError
+from nlevel.hierarchy import Role, build
+from nlevel.plan import Plan, default_regions
+
+
+def check_tree(h):
+    size = h.size
+    assert h[0].role is Role.MASTER and h[0].parent is None and h[0].level == 0
+    for node in h.nodes[1:]:
+        p = node.parent
+        assert p is not None and p < node.rank
+        assert node.rank in h[p].children
+        assert node.level >= 1
+    # every rank reaches the master
+    for node in h.nodes:
+        r, hops = node.rank, 0
+        while h[r].parent is not None:
+            r = h[r].parent
+            hops += 1
+            assert hops <= h.plan.levels
+        assert r == 0
+    assert sum(len(n.children) for n in h.nodes) == size - 1
+    # weights count computing ranks in each subtree
+    assert h[0].weight == h.workers()
+    for node in h.nodes:
+        assert node.weight == int(node.computes) + sum(h[c].weight for c in node.children)
+    slaves = [n for n in h.nodes if n.role is Role.SLAVE]
+    assert all(not n.children for n in slaves)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 7, 8, 16, 100, 1000])
+def test_two_levels(size):
+    h = build(size, Plan())
+    check_tree(h)
+    assert h[0].children == tuple(range(1, size))
+    assert h.workers() == size
+
+
+@pytest.mark.parametrize("size,regions", [(4, (2,)), (7, (2,)), (7, (3,)), (64, (8,)), (1000, (31,)), (32768, (128,))])
+def test_three_levels(size, regions):
+    h = build(size, Plan(3, regions))
+    check_tree(h)
+    rms = [n for n in h.nodes if n.role is Role.REGION]
+    assert len(rms) == regions[0] - 1  # the master leads the first region itself
+    assert all(n.level == 1 for n in rms)
+    assert all(h[n.rank].level == 2 for n in h.nodes if n.role is Role.SLAVE)
+
+
+def test_seven_ranks_three_levels_layout():
+    h = build(7, Plan(3, (2,)))
+    assert h[0].children == (4, 1, 2, 3)
+    assert h[4].children == (5, 6) and h[4].role is Role.REGION
+    assert h[4].weight == 3 and h[0].weight == 7
+
+
+@pytest.mark.parametrize("size,regions", [(8, (2, 2)), (50, (3, 4)), (4096, (16, 16))])
+def test_four_levels(size, regions):
+    h = build(size, Plan(4, regions))
+    check_tree(h)
+    assert max(n.level for n in h.nodes) == 3
+    assert any(n.level == 2 and n.role is Role.REGION for n in h.nodes)
+
+
+def test_serve_only():
+    h = build(7, Plan(3, (2,), serve_only="all"))
+    check_tree(h)
+    assert not h[0].computes and not h[4].computes
+    assert h.workers() == 5
+    h = build(7, Plan(3, (2,), serve_only="master"))
+    assert not h[0].computes and h[4].computes
+
+
+def test_plan_that_does_not_fit_names_the_sizes():
+    with pytest.raises(PlanError, match=r"needs at least 8 processes .* got 7"):
+        build(7, Plan(3, (4,)))
+    with pytest.raises(PlanError, match="got 1"):
+        build(1, Plan(serve_only="master"))
+    with pytest.raises(PlanError, match=r"levels=3 needs at least 4 processes"):
+        default_regions(3, 3)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"levels": 1}, "levels must be an integer >= 2, got 1"),
+    ({"levels": 3}, r"levels=3 needs 1 region count"),
+    ({"levels": 3, "regions": (1,)}, "region count must be an integer >= 2"),
+    ({"prefetch": 0.5}, "prefetch must be a number >= 1, got 0.5"),
+    ({"chunk": -1}, "chunk must be an integer >= 0"),
+    ({"serve_only": "slaves"}, "serve_only must be one of none, master, all; got 'slaves'"),
+])
+def test_plan_validation(kwargs, match):
+    with pytest.raises(PlanError, match=match):
+        Plan(**kwargs)
+
+
+@pytest.mark.parametrize("size,levels", [(4, 3), (7, 3), (16, 3), (100, 3), (8, 4), (1000, 4), (32768, 4)])
+def test_default_regions_fit(size, levels):
+    regions = default_regions(size, levels)
+    check_tree(build(size, Plan(levels, regions)))
+
+
+def test_plan_round_trips_through_dict():
+    p = Plan(4, (3, 2), 3.0, 8, "all", "why not")
+    assert Plan.from_dict(p.to_dict()) == p

@@ -1,0 +1,57 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nlevel.ranges import RangeSet
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["add", "remove", "take"]), st.integers(0, 60), st.integers(0, 12)), max_size=60
+)
+
+
+@given(ops)
+@settings(max_examples=300, deadline=None)
+def test_matches_a_python_set(steps):
+    rs, model = RangeSet(), set()
+    for op, a, n in steps:
+        if op == "add":
+            new = rs.add(a, a + n)
+            assert new == len(set(range(a, a + n)) - model)
+            model |= set(range(a, a + n))
+        elif op == "remove":
+            gone = rs.remove(a, a + n)
+            assert gone == len(set(range(a, a + n)) & model)
+            model -= set(range(a, a + n))
+        else:
+            taken = [i for s, e in rs.take(n) for i in range(s, e)]
+            assert taken == sorted(model)[:n]
+            model -= set(taken)
+        assert list(rs) == sorted(model)
+        assert len(rs) == len(model)
+        starts = [s for s, _ in rs.ranges()]
+        stops = [e for _, e in rs.ranges()]
+        # canonical: sorted, disjoint, never adjacent
+        assert all(stops[k] < starts[k + 1] for k in range(len(starts) - 1))
+        assert all(s < e for s, e in rs.ranges())
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 8))), st.integers(0, 70))
+def test_complement_and_overlap(pairs, total):
+    rs = RangeSet((a, a + n) for a, n in pairs)
+    model = {i for a, n in pairs for i in range(a, a + n)}
+    assert list(rs.complement(total)) == [i for i in range(total) if i not in model]
+    assert rs.overlap(10, 30) == len(model & set(range(10, 30)))
+    assert all((i in rs) == (i in model) for i in range(-2, 62))
+
+
+def test_in_order_completion_stays_one_range():
+    rs = RangeSet()
+    for i in range(100_000):
+        rs.add(i, i + 1)
+    assert rs.n_ranges == 1 and len(rs) == 100_000
+
+
+def test_huge_spans_cost_nothing():
+    rs = RangeSet.span(0, 10**9)
+    assert len(rs) == 10**9
+    assert rs.take(3) == ((0, 3),)
+    assert rs.pop() == 3 and rs.first() == 4

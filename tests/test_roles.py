@@ -1,0 +1,235 @@
+"""The role state machines, driven over whole hierarchies with no MPI.
+
+A tiny in-process network delivers messages in random order (but FIFO per sender and
+receiver, as MPI does) while random workers take and finish tasks. Invariants are
+checked at the end: every id executed and committed exactly once, results committed
+with their ids, every rank released.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nlevel.config import Config
+from nlevel.hierarchy import build
+from nlevel.plan import Plan
+from nlevel.protocol import Grant, Report
+from nlevel.roles.dispatch import Master, Region, grant_size
+from nlevel.roles.ledger import Ledger
+from nlevel.roles.station import Station
+from nlevel.roles.worker import END, WAIT, Worker, auto_chunk
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def simulate(size, plan, total, seed, completed=(), config=None, leave=None, max_steps=2_000_000):
+    """Run a farm in-process; return (ledger, executions per id, stations, final-callback count)."""
+    rng = random.Random(seed)
+    config = config or Config()
+    h = build(size, plan)
+    clock = Clock()
+    ledger = Ledger(total, completed)
+    finals = []
+    stations = [
+        Station(h, r, config, clock, ledger if r == 0 else None, (lambda: finals.append(clock.t)) if r == 0 else None)
+        for r in range(size)
+    ]
+    channels: dict[tuple[int, int], deque] = {}
+    executed: dict[int, int] = {}
+    state = {r: "idle" for r in range(size) if stations[r].worker is not None}
+    current: dict[int, int | None] = {r: None for r in state}
+    tasks_done = {r: 0 for r in state}
+
+    def post(src, outs):
+        for o in outs:
+            channels.setdefault((src, o.dest), deque()).append(o.msg)
+
+    for step in range(max_steps):
+        clock.t += rng.random() * 1e-3
+        live = [k for k, q in channels.items() if q]
+        runnable = [r for r, s in state.items() if s == "idle"]
+        if not live and not runnable:
+            break
+        choice = rng.random()
+        if live and (choice < 0.5 or not runnable):
+            src, dest = rng.choice(live)
+            msg = channels[(src, dest)].popleft()
+            stn = stations[dest]
+            if state.get(dest) == "left" and isinstance(msg, Grant):
+                post(dest, stn.on_grant_after_leaving(msg))
+                continue
+            post(dest, stn.deliver(src, msg))
+            if dest in state and state[dest] == "waiting":
+                state[dest] = "idle"
+        else:
+            r = rng.choice(runnable)
+            stn = stations[r]
+            tid_prev = current[r]
+            stn.finish(float(tid_prev) * 2 if tid_prev is not None and tid_prev % 3 == 0 else None)
+            if leave and r in leave and tasks_done[r] >= leave[r]:
+                post(r, stn.leave())
+                state[r] = "left"
+                current[r] = None
+                continue
+            tid, sends = stn.take()
+            post(r, sends)
+            if tid >= 0:
+                executed[tid] = executed.get(tid, 0) + 1
+                current[r] = tid
+                tasks_done[r] += 1
+            elif tid == WAIT:
+                current[r] = None
+                state[r] = "waiting"
+            else:
+                assert tid == END
+                current[r] = None
+                state[r] = "end"
+        if rng.random() < 0.05:
+            r = rng.randrange(size)
+            post(r, stations[r].tick())
+    else:
+        raise AssertionError("simulation did not finish")
+    # A rank that left with a want outstanding gets its answer later: drain it.
+    return ledger, executed, stations, finals, state
+
+
+def check(ledger, executed, stations, finals, state, total, completed_ids=frozenset()):
+    assert ledger.complete(), f"{ledger.n_committed}/{total} committed"
+    assert ledger.recomputed == 0
+    assert sorted(executed) == sorted(set(range(total)) - completed_ids)
+    assert all(n == 1 for n in executed.values()), "a task ran twice"
+    assert all(s in ("end", "left") for s in state.values()), state
+    assert all(st.done_serving for st in stations)
+    assert all(st.dispatcher is None or st.dispatcher.unexpected == 0 for st in stations)
+    assert len(finals) == 1
+    results = dict(zip(ledger.result_ids, ledger.result_values))
+    expected = {i: float(i) * 2 for i in executed if i % 3 == 0}
+    assert results == expected
+
+
+PLANS = [
+    (1, Plan()),
+    (2, Plan()),
+    (5, Plan()),
+    (4, Plan(3, (2,))),
+    (7, Plan(3, (2,))),
+    (7, Plan(3, (3,))),
+    (9, Plan(4, (2, 2))),
+    (7, Plan(3, (2,), serve_only="all")),
+    (7, Plan(3, (2,), serve_only="master")),
+    (6, Plan(chunk=3)),
+]
+
+
+@pytest.mark.parametrize("size,plan", PLANS)
+@pytest.mark.parametrize("seed", range(4))
+def test_every_id_exactly_once(size, plan, seed):
+    total = 157
+    out = simulate(size, plan, total, seed)
+    check(*out, total)
+
+
+@given(
+    st.sampled_from(PLANS),
+    st.integers(0, 300),
+    st.integers(0, 10**6),
+    st.sampled_from([Config(), Config(prefetch=1.0, batch=1), Config(report_every=1, batch_age=1.0), Config(max_chunk=8)]),
+)
+@settings(max_examples=60, deadline=None)
+def test_exactly_once_property(plan_case, total, seed, config):
+    size, plan = plan_case
+    out = simulate(size, plan, total, seed, config=config)
+    check(*out, total)
+
+
+@pytest.mark.parametrize("size,plan", [(5, Plan()), (7, Plan(3, (2,))), (9, Plan(4, (2, 2)))])
+def test_resume_skips_committed_ids(size, plan):
+    total = 200
+    done = [(0, 50), (70, 71), (120, 180)]
+    completed_ids = frozenset(i for a, b in done for i in range(a, b))
+    out = simulate(size, plan, total, 3, completed=done)
+    check(*out, total, completed_ids)
+    assert out[0].resumed == len(completed_ids)
+
+
+@pytest.mark.parametrize("size,plan,leave", [
+    (5, Plan(), {1: 3, 3: 0}),
+    (7, Plan(3, (2,)), {5: 2, 6: 1}),  # a whole region's slaves leave; its region-master keeps working
+    (7, Plan(3, (2,), chunk=4), {1: 5}),
+    (4, Plan(3, (2,)), {3: 0}),
+])
+@pytest.mark.parametrize("seed", range(3))
+def test_ranks_leaving_early_give_their_ids_back(size, plan, leave, seed):
+    total = 120
+    out = simulate(size, plan, total, seed, leave=leave)
+    check(*out, total)
+
+
+def test_master_finishes_only_when_everything_is_committed():
+    h = build(3, Plan())
+    clock = Clock()
+    ledger = Ledger(4)
+    master = Station(h, 0, Config(), clock, ledger).dispatcher
+    assert isinstance(master, Master)
+    # Guided share: ceil(4 ids * weight 1 / (2 * total weight 3)) = 1.
+    assert master.on_report(1, Report(want=4))[0].msg.ids == ((0, 1),)
+    assert master.on_report(2, Report(want=10))[0].msg.ids == ((1, 2),)
+    assert master.on_report(2, Report(done=((1, 2),), want=1))[0].msg.ids == ((2, 3),)
+    assert master.on_report(2, Report(done=((2, 3),), want=1))[0].msg.ids == ((3, 4),)
+    # Pool empty but rank 1 still holds id 0: the want waits.
+    assert master.on_report(2, Report(done=((3, 4),), want=1)) == []
+    assert not ledger.complete()
+    outs = master.on_report(1, Report(done=((0, 1),), want=1))
+    assert sorted(o.dest for o in outs) == [1, 2] and all(o.msg.final and not o.msg.ids for o in outs)
+    assert ledger.complete()
+
+
+def test_region_prefetches_and_forwards_completions_in_batches():
+    h = build(7, Plan(3, (2,)))
+    clock = Clock()
+    region = Station(h, 4, Config(batch=2, batch_age=10.0), clock).dispatcher
+    assert isinstance(region, Region)
+    outs = region.on_report(5, Report(want=1))
+    assert len(outs) == 1 and outs[0].dest == 0 and outs[0].msg.want == region.target() + 1
+    outs = region.on_grant(Grant(((0, 6),)))
+    assert [(o.dest, o.msg.ids) for o in outs] == [(5, ((0, 1),))]
+    assert len(region.queue) == 5
+    assert region.on_report(5, Report(done=((0, 1),))) == []  # 1 buffered < batch 2
+    outs = region.on_report(6, Report(want=1))
+    assert [o.dest for o in outs] == [6]
+    outs = region.on_report(6, Report(done=((1, 2),)))
+    assert [(o.dest, o.msg.done) for o in outs] == [(0, ((0, 2),))]  # batch of 2 goes up
+
+
+def test_grant_size_is_guided():
+    assert grant_size(10, 1000, 1, 10) == 10
+    assert grant_size(100, 40, 1, 10) == 2  # ceil(40 / 20)
+    assert grant_size(100, 3, 1, 10) == 1
+    assert grant_size(0, 100, 1, 1) == 0
+    assert grant_size(5, 0, 1, 1) == 0
+
+
+def test_auto_chunk_from_task_time():
+    assert auto_chunk(1.0, 2e-3, 256) == 1
+    assert auto_chunk(1e-6, 2e-3, 256) == 256
+    assert auto_chunk(1e-4, 2e-3, 256) == 20
+
+
+def test_worker_reports_completions_while_waiting():
+    w = Worker(parent=0)
+    w.asked = True
+    w.current = 5
+    w.finish(1.0)
+    tid, outs = w.next(1.0)
+    assert tid == WAIT and outs[0].msg.done == ((5, 6),) and outs[0].msg.want == 0
