@@ -58,6 +58,7 @@ class Node:
         self.station = Station(hierarchy, self.rank, config, clock, ledger, self._checkpoint_final)
         self._flushed_at = clock()
         self._flushed_count = 0
+        self._final_written = False
         self._thread: threading.Thread | None = None
         if self.station.serves_remote and self.station.worker is not None:
             if config.switch_interval > 0:
@@ -162,7 +163,7 @@ class Node:
     # -- checkpoint (rank 0) ---------------------------------------------------------------
     def _checkpoint_if_due(self) -> None:
         ledger = self.ledger
-        if ledger is None or self.on_checkpoint is None:
+        if ledger is None or self.on_checkpoint is None or self._final_written:
             return
         new = ledger.commits - self._flushed_count
         if new and (new >= self.config.checkpoint_every or clock() - self._flushed_at >= self.config.checkpoint_interval):
@@ -172,6 +173,7 @@ class Node:
 
     def _checkpoint_final(self) -> None:
         ledger = self.ledger
+        self._final_written = True  # no periodic write may follow the last one
         if ledger is not None and self.on_checkpoint is not None:
             self.on_checkpoint(ledger, True)
 

@@ -9,7 +9,11 @@ _opts = None
 def add_arguments(parser):
     parser.add_argument("--n", type=int, default=100)
     parser.add_argument("--sleep-ms", type=float, default=0.0)
-    parser.add_argument("--log-dir", default=None)
+
+
+# Not an option: options are part of the checkpoint's fingerprint, and a resumed run
+# must be the same command. The log directory comes from the environment instead.
+LOG_DIR = os.environ.get("NLEVEL_TEST_LOG_DIR")
 
 
 def setup(options):
@@ -22,9 +26,9 @@ def total(options):
 
 
 def do_job(task_id):
-    if _opts.log_dir:
+    if LOG_DIR:
         rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0"))
-        with open(os.path.join(_opts.log_dir, f"exec-{rank}.log"), "a") as f:
+        with open(os.path.join(LOG_DIR, f"exec-{rank}.log"), "a") as f:
             f.write(f"{task_id}\n")
     if _opts.sleep_ms:
         time.sleep(_opts.sleep_ms / 1e3)
