@@ -83,12 +83,19 @@ class RangeSet:
         if stop <= start:
             return 0
         starts, stops = self._starts, self._stops
-        # Fast path: appending at the end (ids completed in order).
+        # Fast paths: ids arrive mostly in order, at or after the last range.
         if not starts or start > stops[-1]:
             starts.append(start)
             stops.append(stop)
             self._count += stop - start
             return stop - start
+        if start >= starts[-1]:
+            last = stops[-1]
+            if stop <= last:
+                return 0
+            stops[-1] = stop
+            self._count += stop - last
+            return stop - last
         lo = bisect_left(stops, start)  # first range whose stop >= start (touching merges)
         hi = bisect_right(starts, stop)  # ranges [lo, hi) touch or overlap [start, stop)
         if lo == hi:

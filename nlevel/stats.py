@@ -48,7 +48,7 @@ class Summary:
         if len(self.sample) < _SAMPLE:
             self.sample.append(x)
         else:
-            k = self._rng.randrange(self.n)
+            k = int(self._rng.random() * self.n)
             if k < _SAMPLE:
                 self.sample[k] = x
 

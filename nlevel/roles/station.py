@@ -64,8 +64,6 @@ class Station:
             self.worker = Worker(
                 parent, config.chunk, config.report_every, config.report_age, config.chunk_target, config.max_chunk
             )
-            if parent == rank:
-                self.worker.report_every = 1  # no batching for a report that costs a function call
 
     @property
     def serves_remote(self) -> bool:

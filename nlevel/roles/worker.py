@@ -79,6 +79,7 @@ class Worker:
         self.asked_at = 0.0
         self.final = False
         self.left = False
+        self._last_want = 1
         self.task_times = Summary()
         self.requests = RequestTimes()
 
@@ -111,10 +112,9 @@ class Worker:
             tid = self.queue.pop()
             self.current = tid
             self.started = now
-            want = self.want()
-            if not self.asked and not self.final and want > 1 and len(self.queue) < want // 2:
-                # Cheap tasks: ask for the next batch before this one runs out.
-                outs.append(self._request(now, want))
+            if not self.asked and not self.final and len(self.queue) < self._last_want // 2:
+                # Cheap tasks (batches > 1): ask for the next batch before this one runs out.
+                outs.append(self._request(now, self.want()))
             elif self.done and (len(self.done) >= self.report_every or now - self.oldest_done >= self.report_age):
                 outs.append(Out(self.parent, self._drain_report(0)))
             return tid, outs
@@ -156,6 +156,7 @@ class Worker:
 
     # -- internals ---------------------------------------------------------------------
     def _request(self, now: float, want: int) -> Out:
+        self._last_want = want
         self.asked = True
         self.asked_at = now
         return Out(self.parent, self._drain_report(want))
