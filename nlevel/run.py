@@ -9,6 +9,7 @@ expected). Any other error on any rank aborts the whole job, so no rank hangs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import traceback
@@ -17,7 +18,7 @@ from typing import Any, Sequence
 from . import __version__
 from .app import App, load_app
 from .config import SETTINGS, Config, parse_setting
-from .errors import AppError, NlevelError
+from .errors import AppError, ConfigError, NlevelError
 
 __all__ = ["main", "build_parser"]
 
@@ -97,6 +98,36 @@ def find_app(argv: Sequence[str]) -> str | None:
     return None
 
 
+def check_report_path(report: str, checkpoint: str | None) -> None:
+    """Refuse a report path that would overwrite something that is not an nlevel report.
+
+    Checked before the run starts, so a long run does not fail at its end.
+
+    Raises:
+        ConfigError: naming the path and what was expected.
+    """
+    if not report:
+        return
+    path = os.path.abspath(report)
+    if checkpoint is not None and path == os.path.abspath(checkpoint):
+        raise ConfigError(f"--report {report!r} is the checkpoint file; expected a separate .json path")
+    if os.path.isdir(path):
+        raise ConfigError(f"--report {report!r} is a directory; expected a file path such as report.json")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise ConfigError(f"--report {report!r}: directory {os.path.dirname(path)!r} does not exist")
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                ours = "nlevel_version" in json.load(f)
+        except (OSError, ValueError):
+            ours = False
+        if not ours:
+            raise ConfigError(
+                f"--report {report!r} exists and is not an nlevel report; nlevel will not overwrite it "
+                f"(choose another path)"
+            )
+
+
 def _prepare(argv: Sequence[str] | None) -> tuple[App, argparse.Namespace, int, Config]:
     args = list(sys.argv[1:] if argv is None else argv)
     app = load_app(find_app(args))
@@ -108,6 +139,7 @@ def _prepare(argv: Sequence[str] | None) -> tuple[App, argparse.Namespace, int, 
         if getattr(options, name, None) is not None
     }
     config = Config.from_env(**overrides, progress=not options.quiet)
+    check_report_path(options.report, options.checkpoint)
     try:
         app.setup(options)
     except (ValueError, TypeError) as exc:

@@ -5,7 +5,8 @@ import pytest
 
 from nlevel.app import load_app
 from nlevel.errors import AppError
-from nlevel.run import find_app
+from nlevel.errors import ConfigError
+from nlevel.run import check_report_path, find_app
 
 HERE = os.path.dirname(__file__)
 
@@ -43,3 +44,21 @@ def test_bad_apps_say_what_is_expected():
 ])
 def test_find_app(argv, app):
     assert find_app(argv) == app
+
+
+def test_report_path_never_overwrites_other_files(tmp_path):
+    data = tmp_path / "data.csv"
+    data.write_text("a,b\n1,2\n")
+    with pytest.raises(ConfigError, match="exists and is not an nlevel report"):
+        check_report_path(str(data), None)
+    with pytest.raises(ConfigError, match="is the checkpoint file"):
+        check_report_path(str(tmp_path / "run.h5"), str(tmp_path / "run.h5"))
+    with pytest.raises(ConfigError, match="is a directory"):
+        check_report_path(str(tmp_path), None)
+    with pytest.raises(ConfigError, match="does not exist"):
+        check_report_path(str(tmp_path / "nope" / "r.json"), None)
+    old = tmp_path / "r.json"
+    old.write_text('{"nlevel_version": "0.1.0"}')
+    check_report_path(str(old), None)  # an earlier report may be replaced
+    check_report_path(str(tmp_path / "new.json"), None)
+    assert data.read_text() == "a,b\n1,2\n"
