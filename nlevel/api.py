@@ -24,7 +24,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from . import __version__
 from . import checkpoint as ckpt
@@ -32,6 +32,7 @@ from .config import Config
 from .errors import ConfigError, NlevelError
 from .hierarchy import Hierarchy, build
 from .node import Node
+from .protocol import Result
 from .report import build_report
 
 __all__ = ["Farm", "get_task_id"]
@@ -70,6 +71,8 @@ class Farm:
             with another fingerprint is refused. Default: the main script's file name.
         fresh: Start over even if the checkpoint has progress; the old file is kept aside.
         config: Settings (default: ``NLEVEL_*`` variables, then defaults).
+        result_fields: Names of the numbers :meth:`complete` takes per task when it is
+            more than one (e.g. ``("score", "evaluations")``); default: one number.
 
     Raises:
         ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value.
@@ -84,8 +87,15 @@ class Farm:
         fingerprint: dict[str, Any] | str | None = None,
         fresh: bool = False,
         config: Config | None = None,
+        result_fields: Sequence[str] | None = None,
     ) -> None:
         from . import comm as transport_mod  # MPI lives there
+
+        if result_fields is not None and (
+            isinstance(result_fields, str) or not result_fields or not all(isinstance(f, str) for f in result_fields)
+        ):
+            raise ConfigError(f"result_fields must be a non-empty sequence of names, got {result_fields!r}")
+        self.result_fields = tuple(result_fields) if result_fields is not None else None
 
         self._started = time.time()
         self._t0 = time.perf_counter()
@@ -93,7 +103,7 @@ class Farm:
         t = transport_mod.Transport(comm if comm is not None else transport_mod.world())
         self._transport = t
         self._closed = False
-        self._current_result: float | None = None
+        self._current_result: Result | None = None
         self.report: dict[str, Any] | None = None
         self.rank = t.rank
         self.size = t.size
@@ -169,11 +179,20 @@ class Farm:
                 fingerprint = {"app": _default_app()}
             if isinstance(fingerprint, str):
                 fingerprint = {"app": fingerprint}
-            fp, source = ckpt.fingerprint(str(fingerprint.get("app")), {k: v for k, v in fingerprint.items() if k != "app"})
+            params = {k: v for k, v in fingerprint.items() if k != "app"}
+            if self.result_fields is not None:
+                params["result_fields"] = list(self.result_fields)  # the results' width is part of the run
+            fp, source = ckpt.fingerprint(str(fingerprint.get("app")), params)
             self._meta = ckpt.RunMeta(self.total, fp, source, plan.to_json(), __version__)
             snap = ckpt.load(path, self._meta, fresh=fresh)
             self._writer = ckpt.Writer(path, self._meta)
-        self._ledger = Ledger(self.total, map(tuple, snap.completed.tolist()), snap.result_ids.tolist(), snap.result_values.tolist())
+        self._ledger = Ledger(
+            self.total,
+            map(tuple, snap.completed.tolist()),
+            snap.result_ids.tolist(),
+            snap.result_values.ravel().tolist(),
+            width=len(self.result_fields) if self.result_fields else 1,
+        )
         return config, plan, path
 
     # -- checkpoint (rank 0) ------------------------------------------------------------
@@ -189,9 +208,37 @@ class Farm:
             writer.submit(snap)
 
     # -- iteration ------------------------------------------------------------------------
-    def complete(self, result: float) -> None:
-        """Attach a number to the current task; it is committed with the task's completion."""
-        self._current_result = float(result)
+    def complete(self, result: float | Sequence[float]) -> None:
+        """Attach a result to the current task; it is committed with the task's completion, once.
+
+        Args:
+            result: A number, or with ``result_fields`` a sequence of exactly that many numbers.
+
+        Raises:
+            ValueError: naming the task and what was expected.
+        """
+        fields = self.result_fields
+        try:
+            if fields is None:
+                value: Result = float(result)  # type: ignore[arg-type]
+            else:
+                value = tuple(float(v) for v in result)  # type: ignore[union-attr]
+                if len(value) != len(fields):
+                    raise ValueError
+        except (TypeError, ValueError):
+            want = "a number" if fields is None else f"{len(fields)} numbers ({', '.join(fields)})"
+            raise ValueError(f"result of task {self._node.current} must be {want}, got {result!r}") from None
+        self._current_result = value
+
+    def results(self) -> tuple[Any, Any] | None:
+        """Rank 0: (ids, values) of every committed result, this run's and resumed ones; else None.
+
+        ``values`` has shape ``(n,)``, or ``(n, len(result_fields))``.
+        """
+        if self.rank != 0:
+            return None
+        _, ids, values = self._ledger.arrays()
+        return ids, values
 
     def next(self) -> int:
         """Report the current task finished and return the next id, or -1 when this rank is done."""

@@ -9,6 +9,11 @@ that provides:
 * ``add_arguments(parser)`` (optional): declares the app's own command-line options.
 * ``setup(options)`` (optional): called on every rank with the parsed options before
   the first task.
+* ``result_fields`` (optional): names of the numbers ``do_job`` returns when it returns
+  more than one; each task's tuple is committed with its completion.
+* ``finish(ids, values, options)`` (optional): called on rank 0 once every task is
+  committed, with all committed results (this run's and resumed ones), e.g. to write
+  the app's own output.
 
 The app's options (and its name) form the fingerprint stored in the checkpoint, so a
 checkpoint is never resumed with other parameters. Pure Python, no MPI.
@@ -67,6 +72,18 @@ class App:
         """Run one task."""
         return self.module.do_job(task_id)
 
+    @property
+    def result_fields(self) -> tuple[str, ...] | None:
+        """The app's result field names, or None for a single number."""
+        fields = getattr(self.module, "result_fields", None)
+        return tuple(fields) if fields is not None else None
+
+    def finish(self, ids: Any, values: Any, options: argparse.Namespace) -> None:
+        """Call the app's ``finish(ids, values, options)`` if it has one (rank 0)."""
+        fn = getattr(self.module, "finish", None)
+        if fn is not None:
+            fn(ids, values, options)
+
 
 def load_app(spec: str | None) -> App:
     """Import the app named by ``spec`` (module name or .py path; None = the built-in workload).
@@ -103,4 +120,9 @@ def load_app(spec: str | None) -> App:
         )
     if not callable(module.do_job):
         raise AppError(f"APP {name!r}: do_job must be a function do_job(task_id), got {module.do_job!r}")
+    fields = getattr(module, "result_fields", None)
+    if fields is not None and (
+        isinstance(fields, str) or not fields or not all(isinstance(f, str) and f for f in fields)
+    ):
+        raise AppError(f"APP {name!r}: result_fields must be a non-empty tuple of names, got {fields!r}")
     return App(name, module)

@@ -16,7 +16,8 @@ HDF5 layout (format ``FORMAT_VERSION`` = 1)::
               n_completed        int   number of completed ids (sum of range lengths)
     /completed      (K, 2) int64   sorted, disjoint, non-adjacent half-open ranges [start, stop)
     /result_ids     (R,)   int64   ids that have a result; each lies in a completed range
-    /result_values  (R,)   float64 result of result_ids[i]
+    /result_values  (R,) or (R, W) float64  result of result_ids[i] (W numbers per task
+                                    when the app declares W result fields)
 
 Crash safety: :func:`write` builds the file under a temporary name in the same directory
 (``<name>.tmp-<pid>-<n>``), fsyncs it, ``os.replace``-s it over the target and fsyncs the
@@ -86,7 +87,7 @@ class Snapshot:
 
     completed: np.ndarray      # (K, 2) int64, sorted, disjoint, non-adjacent [start, stop)
     result_ids: np.ndarray     # (R,) int64 ids that have a result, each in a completed range
-    result_values: np.ndarray  # (R,) float64, result_values[i] belongs to result_ids[i]
+    result_values: np.ndarray  # (R,) or (R, W) float64, result_values[i] belongs to result_ids[i]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "completed", _coerce(self.completed, np.int64, (0, 2)))
@@ -126,7 +127,7 @@ def _problem(snap: Snapshot, total: int) -> str | None:
         return f"total must be >= 0, got {total}"
     if c.ndim != 2 or c.shape[1] != 2:
         return f"'completed' has shape {c.shape}, expected (K, 2)"
-    if ids.ndim != 1 or vals.shape != ids.shape:
+    if ids.ndim != 1 or vals.ndim not in (1, 2) or vals.shape[:1] != ids.shape:
         return f"'result_ids' shape {ids.shape} and 'result_values' shape {vals.shape} differ"
     starts, stops = c[:, 0], c[:, 1]
     bad = np.flatnonzero(stops <= starts)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from .backoff import Backoff
 from .config import Config
 from .hierarchy import Hierarchy
-from .protocol import Grant
+from .protocol import Grant, Result
 from .roles.dispatch import Master, Region
 from .roles.ledger import Ledger
 from .roles.station import Station
@@ -69,13 +69,19 @@ class Node:
             self._thread.start()
 
     @property
+    def current(self) -> int | None:
+        """The id this rank is running, if any."""
+        w = self.station.worker
+        return w.current if w is not None else None
+
+    @property
     def ledger(self) -> Ledger | None:
         """The master's ledger (rank 0), else None."""
         d = self.station.dispatcher
         return d.ledger if isinstance(d, Master) else None
 
     # -- the user's side ------------------------------------------------------------
-    def next(self, result: float | None = None) -> int:
+    def next(self, result: Result | None = None) -> int:
         """Finish the current task (with ``result``) and return the next id, or -1 when done."""
         st = self.station
         if st.worker is None:

@@ -27,7 +27,10 @@ from typing import Any, ClassVar, Union
 
 from .ranges import Ranges
 
-__all__ = ["Tag", "Report", "Grant", "Message", "encode", "decode"]
+__all__ = ["Tag", "Report", "Grant", "Message", "Result", "encode", "decode"]
+
+#: A task's result: one number, or a fixed number of them (the app's result fields).
+Result = Union[float, tuple[float, ...]]
 
 
 class Tag(IntEnum):
@@ -43,7 +46,7 @@ class Report:
 
     TAG: ClassVar[Tag] = Tag.REPORT
     done: Ranges = ()
-    results: tuple[tuple[int, float], ...] = ()
+    results: tuple[tuple[int, Result], ...] = ()
     want: int = 0
     returned: Ranges = ()
     leaving: bool = False

@@ -171,7 +171,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     fingerprint = {"app": app.name, **_app_options(app, options)}
     try:
-        with Farm(total, options.checkpoint, world, fingerprint=fingerprint, fresh=options.fresh, config=config) as farm:
+        with Farm(
+            total,
+            options.checkpoint,
+            world,
+            fingerprint=fingerprint,
+            fresh=options.fresh,
+            config=config,
+            result_fields=app.result_fields,
+        ) as farm:
             for task_id in farm:
                 result = app.do_job(task_id)
                 if result is not None:
@@ -191,7 +199,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             if options.report:
                 print(f"  report: {os.path.abspath(options.report)}", flush=True)
         status = 0 if report["complete"] else 1
+        if status == 0:
+            status = _finish_app(app, farm, options)
     return int(world.bcast(status, root=0))
+
+
+def _finish_app(app: App, farm: Any, options: argparse.Namespace) -> int:
+    """Rank 0: hand the committed results to the app's ``finish``; an error there is reported, not a hang."""
+    results = farm.results()
+    assert results is not None
+    try:
+        app.finish(results[0], results[1], options)
+    except Exception:
+        print(f"nlevel: error: APP {app.name!r} finish() failed (every task is committed in the checkpoint):",
+              file=sys.stderr)
+        traceback.print_exc()
+        return 1
+    return 0
 
 
 def _entry() -> None:

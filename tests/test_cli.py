@@ -196,3 +196,14 @@ def test_truncated_checkpoint(tmp_path, mpi_env):
 def test_bad_input_is_one_clear_line(tmp_path, mpi_env, args, n, env, message):
     err = run_bad(tmp_path, mpi_env, args, n=n, env_extra=env)
     assert message in err
+
+
+@pytest.mark.timeout(120)
+def test_vector_results_are_committed_and_handed_to_finish(tmp_path, mpi_env):
+    proc = nlevel_run(4, ["tests.apps.vector_app", "--checkpoint", "v.h5", "--quiet"], tmp_path, mpi_env)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads((tmp_path / "finish.json").read_text())
+    assert sorted(got["ids"]) == list(range(60))
+    assert all(v == [2.0 * i, float(i) ** 2] for i, v in zip(got["ids"], got["values"]))
+    _, snap, _ = ckpt.read(tmp_path / "v.h5")
+    assert snap.result_values.shape == (60, 2)

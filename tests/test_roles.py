@@ -233,3 +233,14 @@ def test_worker_reports_completions_while_waiting():
     w.finish(1.0)
     tid, outs = w.next(1.0)
     assert tid == WAIT and outs[0].msg.done == ((5, 6),) and outs[0].msg.want == 0
+
+
+def test_ledger_keeps_fixed_width_results_once():
+    ledger = Ledger(10, width=2)
+    assert ledger.commit(((0, 3),), ((0, (1.0, 2.0)), (2, (5.0, 6.0)))) == 3
+    assert ledger.commit(((2, 3),), ((2, (9.0, 9.0)),)) == 0  # a recomputed id keeps its first result
+    completed, ids, values = ledger.arrays()
+    assert ids.tolist() == [0, 2] and values.tolist() == [[1.0, 2.0], [5.0, 6.0]]
+    assert ledger.recomputed == 1
+    resumed = Ledger(10, completed.tolist(), ids.tolist(), values.ravel().tolist(), width=2)
+    assert resumed.arrays()[2].tolist() == values.tolist()

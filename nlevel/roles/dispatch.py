@@ -24,7 +24,7 @@ from collections import deque
 from typing import Callable
 
 from ..hierarchy import Node
-from ..protocol import Grant, Report
+from ..protocol import Grant, Report, Result
 from ..ranges import RangeSet, Ranges
 from ..stats import RequestTimes
 from .ledger import Ledger
@@ -158,7 +158,7 @@ class Dispatcher:
         return self.total_weight
 
     # -- what the master and the regions do differently ----------------------------------
-    def _accept_done(self, done: Ranges, results: tuple[tuple[int, float], ...], now: float) -> None:
+    def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
         raise NotImplementedError
 
     def _exhausted(self) -> bool:
@@ -181,7 +181,7 @@ class Master(Dispatcher):
         self.ledger = ledger
         self.queue = ledger.remaining()
 
-    def _accept_done(self, done: Ranges, results: tuple[tuple[int, float], ...], now: float) -> None:
+    def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
         self.ledger.commit(done, results)
 
     def _exhausted(self) -> bool:
@@ -214,7 +214,7 @@ class Region(Dispatcher):
         self.batch = batch
         self.batch_age = batch_age
         self.up_done = RangeSet()
-        self.up_results: list[tuple[int, float]] = []
+        self.up_results: list[tuple[int, Result]] = []
         self.oldest_up = math.inf
         self.asked = False
         self.asked_at = 0.0
@@ -240,7 +240,7 @@ class Region(Dispatcher):
         """Ids to keep queued: ``prefetch`` times what the children ask for per request."""
         return max(1, math.ceil(self.prefetch * sum(c.last_want for c in self.children.values() if not c.left)))
 
-    def _accept_done(self, done: Ranges, results: tuple[tuple[int, float], ...], now: float) -> None:
+    def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
         self.up_done.add_ranges(done)
         self.up_results.extend(results)
         if self.oldest_up == math.inf:

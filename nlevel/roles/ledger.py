@@ -9,7 +9,7 @@ grows with the number of id ranges and results, not with ``total``. Pure Python.
 from __future__ import annotations
 
 from array import array
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -24,7 +24,9 @@ class Ledger:
     Args:
         total: Number of task ids.
         completed: Ranges already committed by earlier runs (from the checkpoint).
-        result_ids, result_values: Results already committed by earlier runs.
+        result_ids, result_values: Results already committed by earlier runs
+            (``result_values`` flat, ``width`` numbers per id).
+        width: Numbers per result: 1 for a scalar, W for an app's W result fields.
     """
 
     def __init__(
@@ -33,8 +35,10 @@ class Ledger:
         completed: Iterable[tuple[int, int]] = (),
         result_ids: Iterable[int] = (),
         result_values: Iterable[float] = (),
+        width: int = 1,
     ) -> None:
         self.total = total
+        self.width = width
         self.committed = RangeSet(completed)
         self.resumed = len(self.committed)
         self.result_ids = array("q", result_ids)
@@ -46,8 +50,8 @@ class Ledger:
         """Return the ids not committed yet."""
         return self.committed.complement(self.total)
 
-    def commit(self, done: Iterable[tuple[int, int]], results: Iterable[tuple[int, float]] = ()) -> int:
-        """Commit finished ids and their results; return how many ids were new."""
+    def commit(self, done: Iterable[tuple[int, int]], results: Iterable[tuple[int, Any]] = ()) -> int:
+        """Commit finished ids and their results (a float, or ``width`` floats); return how many ids were new."""
         fresh_results = [(i, v) for i, v in results if i not in self.committed]
         new = 0
         for a, b in done:
@@ -56,7 +60,10 @@ class Ledger:
             self.recomputed += (b - a) - added
         for i, v in fresh_results:
             self.result_ids.append(i)
-            self.result_values.append(v)
+            if self.width == 1:
+                self.result_values.append(v)
+            else:
+                self.result_values.extend(v)
         self.commits += new
         return new
 
@@ -73,8 +80,7 @@ class Ledger:
         """Return copies (completed ranges ``(K, 2)``, result ids, result values) for a checkpoint."""
         ranges = self.committed.ranges()
         completed = np.array(ranges, dtype=np.int64).reshape(len(ranges), 2)
-        return (
-            completed,
-            np.array(self.result_ids, dtype=np.int64),
-            np.array(self.result_values, dtype=np.float64),
-        )
+        values = np.array(self.result_values, dtype=np.float64)
+        if self.width > 1:
+            values = values.reshape(-1, self.width)
+        return completed, np.array(self.result_ids, dtype=np.int64), values

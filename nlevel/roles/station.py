@@ -12,7 +12,7 @@ from typing import Callable
 
 from ..config import Config
 from ..hierarchy import Hierarchy, Role
-from ..protocol import Grant, Message, Report
+from ..protocol import Grant, Message, Report, Result
 from .dispatch import Master, Region
 from .ledger import Ledger
 from .worker import WAIT, Out, Worker
@@ -99,7 +99,7 @@ class Station:
         """Time-driven work of the dispatcher (batch ages); return what to send."""
         return self.route(self.dispatcher.tick()) if self.dispatcher is not None else []
 
-    def finish(self, result: float | None = None) -> None:
+    def finish(self, result: Result | None = None) -> None:
         """Record the current task (if any) as finished, with an optional result."""
         assert self.worker is not None
         self.worker.finish(self.clock(), result)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..protocol import Grant, Report
+from ..protocol import Grant, Report, Result
 from ..ranges import RangeSet
 from ..stats import RequestTimes, Summary
 
@@ -73,7 +73,7 @@ class Worker:
         self.current: int | None = None
         self.started = 0.0
         self.done = RangeSet()
-        self.results: list[tuple[int, float]] = []
+        self.results: list[tuple[int, Result]] = []
         self.oldest_done = math.inf
         self.asked = False
         self.asked_at = 0.0
@@ -84,8 +84,8 @@ class Worker:
         self.requests = RequestTimes()
 
     # -- the user's loop -------------------------------------------------------------
-    def finish(self, now: float, result: float | None = None) -> None:
-        """Record the current task (if any) as finished at ``now``, with an optional result."""
+    def finish(self, now: float, result: Result | None = None) -> None:
+        """Record the current task (if any) as finished at ``now``, with an optional result (a float or a tuple of floats)."""
         tid = self.current
         if tid is None:
             return
@@ -93,7 +93,7 @@ class Worker:
         self.task_times.add(now - self.started)
         self.done.add(tid, tid + 1)
         if result is not None:
-            self.results.append((tid, float(result)))
+            self.results.append((tid, result))
         if self.oldest_done == math.inf:
             self.oldest_done = now
 

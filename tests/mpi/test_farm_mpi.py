@@ -161,3 +161,26 @@ def test_farm_on_a_sub_communicator():
     flat = sorted(i for p in parts for i in p)
     sub.Free()
     assert everywhere(flat == list(range(total)))
+
+
+@pytest.mark.timeout(120)
+def test_vector_results_and_bad_results(mpi_tmp_path):
+    path = os.path.join(str(mpi_tmp_path), "vec.h5")
+    errors = []
+    with Farm(90, path, fingerprint="vec", result_fields=("x", "y", "z")) as farm:
+        for tid in farm:
+            for bad in (1.0, (1.0, 2.0), ("a", 1, 2)):
+                try:
+                    farm.complete(bad)  # type: ignore[arg-type]
+                except ValueError as exc:
+                    errors.append(str(exc))
+            farm.complete((tid, tid + 0.5, -tid))
+    ok = all("must be 3 numbers (x, y, z)" in e for e in errors)
+    if comm.rank == 0:
+        ids, values = farm.results()
+        order = np.argsort(ids)
+        ok = ok and np.array_equal(ids[order], np.arange(90)) and values.shape == (90, 3)
+        ok = ok and np.allclose(values[order], np.stack([np.arange(90), np.arange(90) + 0.5, -np.arange(90)], 1))
+        _, snap, _ = ckpt.read(path)
+        ok = ok and snap.result_values.shape == (90, 3)
+    assert everywhere(ok)
