@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import PlanError
+from ..errors import PlanError
 
 __all__ = ["Plan", "SERVE_ONLY_CHOICES", "default_regions"]
 
