@@ -33,7 +33,7 @@ from .errors import ConfigError, NlevelError
 from .hierarchy import Hierarchy, build
 from .node import Node
 from .protocol import Result
-from .report import build_report
+from .report import build_report, merge_stats
 
 __all__ = ["Farm", "get_task_id"]
 
@@ -104,6 +104,7 @@ class Farm:
         self._transport = t
         self._closed = False
         self._current_result: Result | None = None
+        self._completed_current = False
         self.report: dict[str, Any] | None = None
         self.rank = t.rank
         self.size = t.size
@@ -136,35 +137,57 @@ class Farm:
             )
         # 2. Rank 0 decides config, plan and checkpoint state; everyone gets its answer.
         setup: tuple[str, Any]
+        failure: BaseException | None = None
         if self.rank == 0:
             try:
                 setup = ("ok", self._setup_root(config, checkpoint, fingerprint, fresh))
             except NlevelError as exc:
                 setup = ("error", exc)
+            except BaseException as exc:  # any failure on rank 0 must fail every rank, not hang them
+                failure = exc
+                setup = ("error", NlevelError(f"rank 0 failed while setting up the farm: {exc!r}"))
         else:
             setup = ("", None)
         status, value = t.bcast(setup)
         if status == "error":
+            if failure is not None:
+                raise failure
             raise value
         self.config, plan = value[0], value[1]
         self.hierarchy: Hierarchy = build(self.size, plan)
         self._checkpoint_path = value[2]
         t.poll_max = self.config.poll_max
-        self._node = Node(
-            t,
-            self.hierarchy,
-            self.config,
-            ledger=self._ledger if self.rank == 0 else None,
-            on_checkpoint=self._write_checkpoint if (self.rank == 0 and self._checkpoint_path) else None,
-        )
-        self._progress = None
-        if self.rank == 0 and self.config.progress:
-            from .progress import Progress
-
-            ledger = self._ledger
-            self._progress = Progress(
-                self.total, lambda: ledger.n_committed, plan.describe(), self.config.progress_interval, ledger.resumed
+        # A rank that serves while computing runs a server thread beside the user's task.
+        info = self.hierarchy[self.rank]
+        needs_threads = bool(info.children) and info.computes
+        if t.any(needs_threads and not t.thread_multiple):
+            raise ConfigError(
+                "this MPI does not provide MPI_THREAD_MULTIPLE, which a master or region-master that "
+                "also computes needs; use serve_only='all' (--serve-only all) or an MPI with thread support"
             )
+        self._progress = None
+        local: BaseException | None = None
+        try:
+            self._node = Node(
+                t,
+                self.hierarchy,
+                self.config,
+                ledger=self._ledger if self.rank == 0 else None,
+                on_checkpoint=self._write_checkpoint if (self.rank == 0 and self._checkpoint_path) else None,
+            )
+            if self.rank == 0 and self.config.progress:
+                from .progress import Progress
+
+                ledger = self._ledger
+                self._progress = Progress(
+                    self.total, lambda: ledger.n_committed, plan.describe(), self.config.progress_interval, ledger.resumed
+                )
+        except BaseException as exc:
+            local = exc
+        if t.any(local is not None):
+            if local is not None:
+                raise local
+            raise NlevelError("another rank failed while starting the farm (see its error message)")
 
     def _setup_root(self, config: Config | None, checkpoint: Any, fingerprint: Any, fresh: bool) -> tuple[Any, ...]:
         from .roles.ledger import Ledger
@@ -176,7 +199,8 @@ class Farm:
         snap = ckpt.Snapshot.empty()
         if path is not None:
             if fingerprint is None:
-                fingerprint = {"app": _default_app()}
+                # The script and its arguments: a resume with other arguments is refused.
+                fingerprint = {"app": _default_app(), "argv": sys.argv[1:]}
             if isinstance(fingerprint, str):
                 fingerprint = {"app": fingerprint}
             params = {k: v for k, v in fingerprint.items() if k != "app"}
@@ -208,15 +232,23 @@ class Farm:
             writer.submit(snap)
 
     # -- iteration ------------------------------------------------------------------------
-    def complete(self, result: float | Sequence[float]) -> None:
-        """Attach a result to the current task; it is committed with the task's completion, once.
+    def complete(self, result: float | Sequence[float] | None = None) -> None:
+        """Mark the current task finished, with a result committed together with it, once.
+
+        Without ``complete`` the next iteration reports the task finished anyway; it
+        matters when leaving the loop early: a task not completed is given back and
+        runs elsewhere.
 
         Args:
-            result: A number, or with ``result_fields`` a sequence of exactly that many numbers.
+            result: None, a number, or with ``result_fields`` a sequence of exactly that many numbers.
 
         Raises:
             ValueError: naming the task and what was expected.
         """
+        self._completed_current = True
+        if result is None:
+            self._current_result = None
+            return
         fields = self.result_fields
         try:
             if fields is None:
@@ -245,6 +277,7 @@ class Farm:
         if self._closed:
             return -1
         result, self._current_result = self._current_result, None
+        self._completed_current = False
         if self._progress is not None:
             self._progress.start()
         tid = self._node.next(result)
@@ -260,26 +293,16 @@ class Farm:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
+        if exc_type is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
             self.close()
             return
-        if exc_type is KeyboardInterrupt or isinstance(exc, SystemExit):
-            return
-        from . import comm as transport_mod
-
-        sys.stderr.write(
-            f"nlevel: rank {self.rank} on {transport_mod.host()}: unhandled exception in the task loop; "
-            f"aborting the job (the checkpoint keeps what was committed)\n"
-        )
-        traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
-        sys.stderr.flush()
-        transport_mod.abort(1)
+        _abort_job(self.rank, "unhandled exception in the task loop", exc_type, exc, tb)
 
     def close(self) -> None:
         """End the farm on this rank; returns when the job is finished on every rank."""
         if self._closed:
             return
-        self._node.leave()
+        self._node.leave(self._completed_current, self._current_result)
         self._finish()
 
     def _finish(self) -> None:
@@ -290,28 +313,54 @@ class Farm:
             self._progress.close()
         node, t = self._node, self._transport
         t.flush()
-        gathered = t.gather(node.stats())
+        row, merged = node.stats()
+        rows = t.gather(row)  # a few numbers per rank
+        totals = t.reduce(merged, merge_stats)  # summaries merged up a tree, not gathered whole
+        error: BaseException | None = None
         if self.rank == 0:
-            assert gathered is not None
+            assert rows is not None
             ledger = self._ledger
+            error = node.checkpoint_error
             if self._writer is not None:
-                self._writer.close(None)  # idempotent; surfaces a write error
+                try:
+                    completed, ids, values = ledger.arrays()
+                    self._writer.close(ckpt.Snapshot(completed, ids, values))  # the state as it ends
+                except Exception as exc:
+                    error = exc
             self.report = build_report(
                 config=self.config,
                 hierarchy=self.hierarchy,
-                ranks=gathered,
+                rows=rows,
+                totals=totals,
                 ledger=ledger,
                 started=self._started,
                 wall=time.perf_counter() - self._t0,
                 checkpoint=self._checkpoint_path,
                 writer=self._writer,
             )
+            if error is not None:
+                self.report["checkpoint_error"] = str(error)
         t.close()
+        if error is not None:
+            raise error if isinstance(error, NlevelError) else ckpt.CheckpointError(str(error))
 
     @property
     def committed(self) -> int | None:
         """Ids committed so far (rank 0; None elsewhere)."""
         return self._ledger.n_committed if self.rank == 0 else None
+
+
+def _abort_job(rank: int, what: str, exc_type: Any, exc: Any, tb: Any) -> None:
+    """Print the error with rank and host, then abort the whole job: no rank may hang on it."""
+    from . import comm as transport_mod
+
+    sys.stderr.write(
+        f"nlevel: rank {rank} on {transport_mod.host()}: {what}; aborting the job "
+        f"(the checkpoint keeps what was committed)\n"
+    )
+    traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
+    sys.stderr.flush()
+    transport_mod.abort(1)
 
 
 _active: dict[int, Farm] = {}
@@ -347,7 +396,13 @@ def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = Non
         _active[key] = farm
     elif int(total) != farm.total:
         raise ConfigError(f"get_task_id called with total={total} while a farm with total={farm.total} is running")
-    tid = farm.next()
+    try:
+        tid = farm.next()
+    except NlevelError:
+        raise
+    except BaseException as exc:  # get_task_id has no with-block: abort here rather than hang the others
+        _abort_job(farm.rank, "error inside get_task_id", type(exc), exc, exc.__traceback__)
+        raise
     if tid < 0:
         del _active[key]
         if farm.report is not None:

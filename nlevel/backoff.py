@@ -11,7 +11,7 @@ class Backoff:
     """Sleep between empty polls: ``spins`` tries with no sleep, then 1 µs doubling to ``ceiling``.
 
     Args:
-        ceiling: Longest sleep in seconds (``Config.poll_max``); 0 only yields the GIL.
+        ceiling: Longest sleep in seconds (``Config.poll_max``, > 0).
         spins: Empty polls answered with a plain GIL yield before sleeping starts.
     """
 

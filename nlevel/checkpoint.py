@@ -367,8 +367,9 @@ class Writer:
     """Background writer thread for rank 0, so the server loop never blocks on disk.
 
     Only the newest pending snapshot is written. A failed write does not stop the thread
-    (a later one may succeed); the first error is kept in :attr:`error`. Stats for the run
-    report: ``writes`` (successful), ``bytes_written`` (sum of file sizes) and
+    (a later one may succeed, and then the file on disk is current again): :attr:`error`
+    is the error of the latest write, None after a success. Stats for the run report:
+    ``writes`` (successful), ``failures``, ``bytes_written`` (sum of file sizes) and
     ``last_write_seconds`` (fsyncs included).
 
     Args:
@@ -384,6 +385,7 @@ class Writer:
         self._closed = False
         self._error: CheckpointError | None = None
         self.writes = 0
+        self.failures = 0
         self.bytes_written = 0
         self.last_write_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="nlevel-checkpoint", daemon=True)
@@ -391,7 +393,7 @@ class Writer:
 
     @property
     def error(self) -> CheckpointError | None:
-        """The first write error, or None."""
+        """The error of the latest write, or None when it succeeded."""
         return self._error
 
     def submit(self, snap: Snapshot) -> None:
@@ -412,7 +414,7 @@ class Writer:
         Safe to call again; a later call only writes its `final`.
 
         Raises:
-            CheckpointError: the first write error of this writer, if any.
+            CheckpointError: when the latest write failed (the file holds an older state).
         """
         with self._cond:
             self._closed = True
@@ -441,8 +443,10 @@ class Writer:
         except Exception as e:
             err = e if isinstance(e, CheckpointError) else CheckpointError(
                 f"cannot write checkpoint {self._path} ({type(e).__name__}: {e})")
-            self._error = self._error or err
+            self._error = err
+            self.failures += 1
             return
+        self._error = None
         self.writes += 1
         self.bytes_written += size
         self.last_write_seconds = time.perf_counter() - t0

@@ -84,6 +84,16 @@ class Transport:
                 return decode(Tag.GRANT, m.recv())
             backoff.wait()
 
+    def try_grant(self, parent: int) -> Message | None:
+        """Return ``parent``'s grant if one has arrived, without waiting."""
+        m = self.comm.improbe(parent, Tag.GRANT)
+        return decode(Tag.GRANT, m.recv()) if m is not None else None
+
+    @property
+    def thread_multiple(self) -> bool:
+        """Whether MPI allows calls from several threads at once (a computing server needs it)."""
+        return bool(MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+
     def _reap(self) -> None:
         self._sends = [r for r in self._sends if not r.Test()]
 
@@ -103,6 +113,10 @@ class Transport:
     def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
         """Gather picklable objects to ``root`` (None elsewhere)."""
         return self.comm.gather(obj, root)
+
+    def reduce(self, obj: Any, op: Any, root: int = 0) -> Any:
+        """Combine picklable objects with ``op(a, b)`` up a tree to ``root`` (None elsewhere)."""
+        return self.comm.reduce(obj, op=op, root=root)
 
     def allreduce_minmax(self, value: int) -> tuple[int, int]:
         """Return (min, max) of an int over all ranks."""

@@ -135,7 +135,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "chunk": _int_at_least(0),
     "serve_only": _serve_only,
     "switch_interval": _non_negative_float,
-    "poll_max": _non_negative_float,
+    "poll_max": _positive_float,  # 0 would be a busy spin
     "checkpoint_every": _int_at_least(1),
     "checkpoint_interval": _positive_float,
     "report_every": _int_at_least(1),

@@ -59,7 +59,9 @@ class Node:
         self._flushed_at = clock()
         self._flushed_count = 0
         self._final_written = False
+        self.checkpoint_error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._old_switch = sys.getswitchinterval()
         if self.station.serves_remote and self.station.worker is not None:
             if config.switch_interval > 0:
                 # Measured (README, bench/results/gil_decision.txt): at Python's 5 ms default a
@@ -89,9 +91,17 @@ class Node:
             return -1
         with self.lock:
             st.finish(result)
+            if self.ledger is not None:
+                self._checkpoint_if_due()  # rank 0 with no server loop (one process) flushes here
             while True:
                 tid, sends = st.take()
                 self._send(sends)
+                if tid >= 0 and st.worker.asked and not st.local_parent:
+                    # An ask-ahead grant is taken as soon as it is here, so the request is timed
+                    # from its arrival, not from when this rank ran out of ids.
+                    grant = self.t.try_grant(st.worker.parent)
+                    if grant is not None:
+                        self._send(st.deliver(st.worker.parent, grant))
                 if tid != WAIT:
                     break
                 self._raise_error()
@@ -104,11 +114,14 @@ class Node:
         self._join()
         return -1
 
-    def leave(self) -> None:
-        """The user left the loop early: give back unstarted ids, keep serving until the end."""
+    def leave(self, done: bool = False, result: Result | None = None) -> None:
+        """The user left the loop early: give back unstarted ids, keep serving until the end.
+
+        The current task counts as finished only when ``done``; otherwise it runs elsewhere.
+        """
         st = self.station
         with self.lock:
-            self._send(st.leave())
+            self._send(st.leave(done, result))
             # A want still outstanding is always answered (ids or final): take the answer
             # and give any ids straight back.
             while st.worker is not None and st.worker.asked and not st.local_parent:
@@ -129,6 +142,7 @@ class Node:
     def _join(self) -> None:
         if self._thread is not None:
             self._thread.join()
+            sys.setswitchinterval(self._old_switch)  # process-wide: give the user theirs back
             self._raise_error()
 
     # -- the server's side ------------------------------------------------------------
@@ -173,7 +187,7 @@ class Node:
             return
         new = ledger.commits - self._flushed_count
         if new and (new >= self.config.checkpoint_every or clock() - self._flushed_at >= self.config.checkpoint_interval):
-            self.on_checkpoint(ledger, False)
+            self.on_checkpoint(ledger, False)  # a background write: never blocks on disk
             self._flushed_count = ledger.commits
             self._flushed_at = clock()
 
@@ -181,25 +195,41 @@ class Node:
         ledger = self.ledger
         self._final_written = True  # no periodic write may follow the last one
         if ledger is not None and self.on_checkpoint is not None:
-            self.on_checkpoint(ledger, True)
+            try:
+                self.on_checkpoint(ledger, True)
+            except Exception as exc:  # recorded; the final grants must still go out
+                self.checkpoint_error = exc
 
     def _raise_error(self) -> None:
         if self.error is not None:
             raise RuntimeError(f"nlevel server thread on rank {self.rank} failed: {self.error!r}") from self.error
 
     # -- teardown -------------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
-        """Return this rank's statistics for the run report (picklable)."""
+    def stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Return this rank's (row, mergeable statistics) for the run report.
+
+        The row is a few numbers per rank (gathered); the statistics are summaries
+        merged up a tree with :func:`nlevel.report.merge_stats`.
+        """
         st = self.station
         info = st.info
-        out: dict[str, Any] = {"rank": self.rank, "role": info.role.value, "level": info.level}
-        if st.worker is not None:
-            out["tasks"] = st.worker.task_times
-            if not st.local_parent:
-                out["requests"] = st.worker.requests  # to the parent, one level up
-        if st.dispatcher is not None:
-            out["served"] = st.dispatcher.served
-            out["unexpected"] = st.dispatcher.unexpected
-            if isinstance(st.dispatcher, Region):
-                out["requests"] = st.dispatcher.requests
-        return out
+        w, d = st.worker, st.dispatcher
+        row: dict[str, Any] = {
+            "rank": self.rank,
+            "role": info.role.value,
+            "level": info.level,
+            "tasks": w.task_times.n if w is not None else 0,
+            "busy_s": w.task_times.total if w is not None else 0.0,
+            "served": d.served if d is not None else 0,
+        }
+        requests = None
+        if w is not None and not st.local_parent:
+            requests = w.requests  # to the parent, one level up
+        elif isinstance(d, Region):
+            requests = d.requests
+        merged: dict[str, Any] = {
+            "tasks": w.task_times if w is not None else None,
+            "requests": {info.level: requests} if requests is not None and requests.total.n else {},
+            "unexpected": d.unexpected if d is not None else 0,
+        }
+        return row, merged

@@ -14,7 +14,7 @@ from .hierarchy import Hierarchy
 from .roles.ledger import Ledger
 from .stats import RequestTimes, Summary
 
-__all__ = ["build_report", "write_json", "format_summary"]
+__all__ = ["build_report", "merge_stats", "write_json", "format_summary"]
 
 _LEVEL_NAMES = {0: "master"}
 
@@ -25,11 +25,25 @@ def _level_name(level: int, levels: int) -> str:
     return "slave" if level == levels - 1 else f"region-master L{level}"
 
 
+def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Combine two ranks' mergeable statistics (the reduction op of the run report)."""
+    tasks = Summary()
+    for t in (a["tasks"], b["tasks"]):
+        if t is not None:
+            tasks.merge(t)
+    requests: dict[int, RequestTimes] = {}
+    for side in (a["requests"], b["requests"]):
+        for level, rt in side.items():
+            requests.setdefault(level, RequestTimes()).merge(rt)
+    return {"tasks": tasks, "requests": requests, "unexpected": a["unexpected"] + b["unexpected"]}
+
+
 def build_report(
     *,
     config: Config,
     hierarchy: Hierarchy,
-    ranks: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    totals: dict[str, Any],
     ledger: Ledger,
     started: float,
     wall: float,
@@ -40,33 +54,16 @@ def build_report(
 ) -> dict[str, Any]:
     """Merge every rank's statistics into the report.
 
-    ``requests`` is keyed by the level of the rank asking (a slave at level 2 asks a
+    ``rows`` are the ranks' few numbers (gathered), ``totals`` their statistics merged
+    with :func:`merge_stats`. ``requests`` is keyed by the level of the rank asking (a slave at level 2 asks a
     region-master at level 1): each entry splits the request time into message, wait
     and dispose parts, in milliseconds. ``overhead`` counts every rank, serve-only ones
     included: ``1 - sum(task time) / (size * wall)``.
     """
-    tasks = Summary()
-    by_level: dict[int, RequestTimes] = {}
-    per_rank = []
-    unexpected = 0
-    for r in ranks:
-        t: Summary | None = r.get("tasks")
-        if t is not None:
-            tasks.merge(t)
-        req: RequestTimes | None = r.get("requests")
-        if req is not None and req.total.n:
-            by_level.setdefault(r["level"], RequestTimes()).merge(req)
-        unexpected += r.get("unexpected", 0)
-        per_rank.append(
-            {
-                "rank": r["rank"],
-                "role": r["role"],
-                "level": r["level"],
-                "tasks": t.n if t is not None else 0,
-                "busy_s": t.total if t is not None else 0.0,
-                "served": r.get("served", 0),
-            }
-        )
+    tasks: Summary = totals["tasks"] if totals["tasks"] is not None else Summary()
+    by_level: dict[int, RequestTimes] = totals["requests"]
+    unexpected = totals["unexpected"]
+    per_rank = rows
     size = hierarchy.size
     levels = hierarchy.plan.levels
     busy = tasks.total

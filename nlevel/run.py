@@ -170,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     fingerprint = {"app": app.name, **_app_options(app, options)}
+    farm: Any = None
+    status = 0
     try:
         with Farm(
             total,
@@ -185,11 +187,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if result is not None:
                     farm.complete(result)
     except NlevelError as exc:
-        if rank == 0:
+        if farm is None:  # the farm refused its input: the same error on every rank
+            status = 2
+            if rank == 0:
+                print(f"nlevel: error: {exc}", file=sys.stderr, flush=True)
+        else:  # the run happened but its end failed (e.g. the last checkpoint write)
+            status = 1
             print(f"nlevel: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    status = 1
-    if rank == 0 and farm.report is not None:
+    if rank == 0 and farm is not None and farm.report is not None:
         report = farm.report
         report["app"] = {"name": app.name, "options": _app_options(app, options), "argv": list(argv or sys.argv[1:])}
         if options.report:
@@ -198,10 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_summary(report), flush=True)
             if options.report:
                 print(f"  report: {os.path.abspath(options.report)}", flush=True)
-        status = 0 if report["complete"] else 1
-        if status == 0:
+        if not report["complete"] or "checkpoint_error" in report:
+            status = max(status, 1)
+        elif status == 0:
             status = _finish_app(app, farm, options)
-    return int(world.bcast(status, root=0))
+    # Every rank ends with the worst status any rank saw; no rank waits on one that failed alone.
+    return int(world.allreduce(status, op=MPI.MAX))
 
 
 def _finish_app(app: App, farm: Any, options: argparse.Namespace) -> int:

@@ -18,3 +18,10 @@ def mpi_env() -> dict[str, str]:
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["NLEVEL_TTY"] = "0"
     return env
+
+
+def pytest_ignore_collect(collection_path, config):
+    """tests/mpi runs under mpiexec (tests/test_mpi_suite.py); plain pytest leaves it alone."""
+    if collection_path.name == "mpi" and not config.getoption("--with-mpi", default=False):
+        return True
+    return None

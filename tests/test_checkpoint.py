@@ -464,3 +464,23 @@ def test_valid_snapshots_round_trip_exactly(case: tuple[int, ck.Snapshot]) -> No
         ck.write(path, meta, s)
         assert_same(ck.load(path, meta), s)
         assert ck.read(path)[2]["n_completed"] == s.n_completed
+
+
+def test_writer_error_is_cleared_by_a_later_successful_write(tmp_path: Path) -> None:
+    """A transient failure (the directory briefly gone) must not fail a run whose file is current."""
+    import shutil
+
+    d = tmp_path / "ck"
+    d.mkdir()
+    path = d / "run.h5"
+    meta = ck.RunMeta(10, *ck.fingerprint("w", {}), "{}", "test")
+    w = ck.Writer(path, meta)
+    shutil.rmtree(d)
+    w.submit(ck.Snapshot(np.array([[0, 2]]), np.zeros(0, np.int64), np.zeros(0)))
+    deadline = time.monotonic() + 10
+    while w.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w.error is not None and w.failures >= 1
+    d.mkdir()
+    w.close(ck.Snapshot(np.array([[0, 10]]), np.zeros(0, np.int64), np.zeros(0)))  # succeeds: no raise
+    assert w.error is None and ck.read(path)[1].n_completed == 10

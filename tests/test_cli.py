@@ -196,6 +196,7 @@ def test_truncated_checkpoint(tmp_path, mpi_env):
 def test_bad_input_is_one_clear_line(tmp_path, mpi_env, args, n, env, message):
     err = run_bad(tmp_path, mpi_env, args, n=n, env_extra=env)
     assert message in err
+    assert len([line for line in err.splitlines() if line.startswith("nlevel: error:")]) == 1, err
 
 
 @pytest.mark.timeout(120)

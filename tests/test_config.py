@@ -19,6 +19,7 @@ def test_precedence_argument_then_env_then_default():
     ("NLEVEL_REGIONS", "4,a", r"NLEVEL_REGIONS must be a list of integers like 4,2, got '4,a'"),
     ("NLEVEL_CHECKPOINT_INTERVAL", "0", r"checkpoint_interval must be a number > 0 \(seconds\), got 0.0"),
     ("NLEVEL_SERVE_ONLY", "slaves", r"serve_only must be one of none, master, all, got 'slaves'"),
+    ("NLEVEL_POLL_MAX", "0", r"poll_max must be a number > 0 \(seconds\), got 0.0"),
     ("NLEVEL_PROGRESS", "maybe", r"NLEVEL_PROGRESS must be true or false, got 'maybe'"),
 ])
 def test_bad_environment_names_variable_and_value(var, value, match):

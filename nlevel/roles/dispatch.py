@@ -100,7 +100,7 @@ class Dispatcher:
         for a, b in report.returned:
             removed = child.held.remove(a, b)
             self.held_total -= removed
-            self.queue.add(a, b)
+            self._take_back(a, b)
         outs: list[Out] = []
         if report.leaving:
             child.left = True
@@ -126,8 +126,12 @@ class Dispatcher:
 
     @property
     def finished(self) -> bool:
-        """Whether every child got its final grant or left: this server may stop."""
-        return all(c.finished or c.left for c in self.children.values())
+        """Whether every child got its final grant or left holding nothing: this server may stop."""
+        return all((c.finished or c.left) and not c.held for c in self.children.values())
+
+    def _take_back(self, start: int, stop: int) -> None:
+        """Ids a child gave back unstarted: queue them again."""
+        self.queue.add(start, stop)
 
     # -- serving --------------------------------------------------------------------
     def _serve(self, now: float) -> list[Out]:
@@ -163,6 +167,11 @@ class Dispatcher:
 
     def _exhausted(self) -> bool:
         raise NotImplementedError
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether no id will ever be granted again from here (the job is finished below it)."""
+        return self._exhausted()
 
     def _upkeep(self, now: float) -> list[Out]:
         return []
@@ -220,6 +229,7 @@ class Region(Dispatcher):
         self.asked_at = 0.0
         self.parent_final = False
         self.gone = False  # every child left early; the queue went back to the parent
+        self.up_returned = RangeSet()  # ids given back to this region after it left
         self.requests = RequestTimes()  # this region-master's own requests upward
 
     def on_grant(self, grant: Grant) -> list[Out]:
@@ -249,12 +259,22 @@ class Region(Dispatcher):
     def _exhausted(self) -> bool:
         return self.parent_final and not self.queue
 
+    def _take_back(self, start: int, stop: int) -> None:
+        if self.gone:  # this region already left: the ids go straight back up
+            self.up_returned.add(start, stop)
+        else:
+            self.queue.add(start, stop)
+
     @property
     def released(self) -> bool:
         """Whether this region-master owes its parent nothing more (final grant seen, or left)."""
         return self.parent_final or (self.gone and not self.asked)
 
     def _upkeep(self, now: float) -> list[Out]:
+        if self.gone and self.up_returned:
+            returned, self.up_returned = self.up_returned.ranges(), RangeSet()
+            report = self._report(0)
+            return [Out(self.parent, Report(report.done, report.results, 0, returned, True))]
         if self.parent_final or self.gone:
             return self._flush() if self.up_done else []
         if all(c.left for c in self.children.values()):

@@ -57,12 +57,17 @@ class Station:
                 raise ValueError("rank 0 (the master) needs the ledger")
             self.dispatcher = Master(info, weights, clock, ledger)
         elif info.children:
-            self.dispatcher = Region(info, weights, clock, config.prefetch, config.batch, config.batch_age)
+            self.dispatcher = Region(info, weights, clock, hierarchy.plan.prefetch, config.batch, config.batch_age)
         if info.computes:
             parent = rank if self.dispatcher is not None else info.parent
             assert parent is not None
             self.worker = Worker(
-                parent, config.chunk, config.report_every, config.report_age, config.chunk_target, config.max_chunk
+                parent,
+                hierarchy.plan.chunk,
+                config.report_every,
+                config.report_age,
+                config.chunk_target,
+                config.max_chunk,
             )
 
     @property
@@ -116,12 +121,20 @@ class Station:
                 continue  # the grant came back in-process while routing
             return tid, sends
 
-    def leave(self) -> list[Out]:
-        """The user left the loop early: give back unstarted ids; return what to send."""
+    def leave(self, done: bool = False, result: Result | None = None) -> list[Out]:
+        """The user left the loop early: give back unstarted ids; return what to send.
+
+        The current task counts as finished only if ``done`` (the user completed it
+        explicitly); otherwise it is given back too, to run elsewhere.
+        """
         w = self.worker
         if w is None or w.final:
             return []
-        w.finish(self.clock())
+        if done:
+            w.finish(self.clock(), result)
+        elif w.current is not None:
+            w.queue.add(w.current, w.current + 1)
+            w.current = None
         return self.route(w.leave(self.clock()))
 
     def on_grant_after_leaving(self, grant: Grant) -> list[Out]:
@@ -137,7 +150,13 @@ class Station:
         remote: list[Out] = []
         for out in outs:
             msg = out.msg
-            if isinstance(msg, Grant) and msg.final and not self._final_sent and isinstance(self.dispatcher, Master):
+            if (
+                isinstance(msg, Grant)
+                and msg.final
+                and not self._final_sent
+                and isinstance(self.dispatcher, Master)
+                and self.dispatcher.exhausted  # the job's end, not a leaving child's answer
+            ):
                 self._final_sent = True
                 if self.before_final is not None:
                     self.before_final()

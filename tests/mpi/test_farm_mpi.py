@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import numpy as np
 import pytest
@@ -65,10 +66,11 @@ def test_every_plan_on_this_world(which):
     with Farm(3000, config=configs[which]) as farm:
         for tid in farm:
             mine.append(tid)
-    assert everywhere(exactly_once(mine, set(range(3000))))
+    ok = exactly_once(mine, set(range(3000)))
     if comm.rank == 0:
-        assert farm.report is not None and farm.report["complete"]
-        assert farm.report["plan"]["levels"] == configs[which].levels
+        r = farm.report
+        ok = ok and r is not None and r["complete"] and r["plan"]["levels"] == configs[which].levels
+    assert everywhere(ok)
 
 
 @pytest.mark.timeout(120)
@@ -100,9 +102,10 @@ def test_resume_never_reruns_recorded_tasks(mpi_tmp_path):
     with Farm(total, path, fingerprint="resume-test") as farm:
         for tid in farm:
             mine.append(tid)
-    assert everywhere(exactly_once(mine, set(range(total)) - done_ids))
+    ok = exactly_once(mine, set(range(total)) - done_ids)
     if comm.rank == 0:
-        assert farm.report["resumed_from_checkpoint"] == len(done_ids)
+        ok = ok and farm.report["resumed_from_checkpoint"] == len(done_ids)
+    assert everywhere(ok)
 
 
 @pytest.mark.timeout(120)
@@ -140,14 +143,22 @@ def test_plan_that_does_not_fit_fails_on_every_rank():
 
 
 @pytest.mark.timeout(120)
-def test_ranks_leaving_early_give_their_ids_back():
-    mine = []
-    with Farm(600, config=Config(levels=3 if comm.size >= 4 else 2)) as farm:
+@pytest.mark.parametrize("completed_before_break", [True, False])
+def test_ranks_leaving_early_give_their_ids_back(completed_before_break):
+    ran = []
+    left = 0
+    with Farm(400, config=Config(levels=3 if comm.size >= 4 else 2)) as farm:
         for tid in farm:
-            mine.append(tid)
-            if comm.rank % 3 == 1 and len(mine) >= 2:
-                break  # leaving the with block returns unstarted ids and waits for the end
-    assert everywhere(exactly_once(mine, set(range(600))))
+            time.sleep(0.001)
+            if comm.rank % 3 == 1 and len(ran) >= 2:
+                left = 1
+                if completed_before_break:
+                    farm.complete()  # this task counts as done: it must not run again
+                    ran.append(tid)
+                break  # not completed: it is given back and runs elsewhere
+            ran.append(tid)
+    assert everywhere(exactly_once(ran, set(range(400))))
+    assert comm.allreduce(left) == sum(1 for r in range(comm.size) if r % 3 == 1)
 
 
 @pytest.mark.timeout(120)
@@ -183,4 +194,20 @@ def test_vector_results_and_bad_results(mpi_tmp_path):
         ok = ok and np.allclose(values[order], np.stack([np.arange(90), np.arange(90) + 0.5, -np.arange(90)], 1))
         _, snap, _ = ckpt.read(path)
         ok = ok and snap.result_values.shape == (90, 3)
+    assert everywhere(ok)
+
+
+@pytest.mark.timeout(120)
+def test_checkpoint_is_written_periodically_on_any_world(mpi_tmp_path):
+    # Also on one process, where rank 0 has no server loop.
+    path = os.path.join(str(mpi_tmp_path), "periodic.h5")
+    with Farm(200, path, fingerprint="periodic", config=Config(checkpoint_every=20, checkpoint_interval=60.0)) as farm:
+        for tid in farm:
+            time.sleep(0.0005)
+    ok = True
+    if comm.rank == 0:
+        writes = farm.report["checkpoint"]["writes"]
+        ok = writes is not None and writes >= 3  # periodic ones (coalesced) plus the final ones
+        meta, snap, _ = ckpt.read(path)
+        ok = ok and snap.n_completed == 200
     assert everywhere(ok)
