@@ -9,7 +9,7 @@ import pytest
 
 from .conftest import ROOT
 
-MPI_MODULES = {"comm.py", "run.py", "faults.py"}  # transport, entry point, fault handling
+MPI_MODULES = {"comm.py", "run.py", "faults.py", "calibrate.py"}  # transport, entry points, fault handling
 
 
 @pytest.mark.timeout(300)
