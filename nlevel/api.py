@@ -327,9 +327,10 @@ class Farm:
                     self._writer.close(ckpt.Snapshot(completed, ids, values))  # the state as it ends
                 except Exception as exc:
                     error = exc
+            station = node.station
             self.report = build_report(
                 config=self.config,
-                hierarchy=self.hierarchy,
+                hierarchy=station.hierarchy,  # the plan the job ended with
                 rows=rows,
                 totals=totals,
                 ledger=ledger,
@@ -338,6 +339,8 @@ class Farm:
                 checkpoint=self._checkpoint_path,
                 writer=self._writer,
             )
+            self.report["plan_history"] = [p.to_dict() for p in station.plans]
+            self.report["decisions"] = station.planner.report() if station.planner is not None else []
             if error is not None:
                 self.report["checkpoint_error"] = str(error)
         t.close()

@@ -21,7 +21,7 @@ __all__ = ["Config", "SETTINGS", "parse_setting"]
 class Config:
     """Settings of a farm. See :data:`SETTINGS` for meaning, units and defaults."""
 
-    levels: int = 2
+    levels: int = 0
     regions: tuple[int, ...] = ()
     prefetch: float = 2.0
     chunk: int = 0
@@ -38,12 +38,20 @@ class Config:
     max_chunk: int = 256
     progress: bool = False
     progress_interval: float = 10.0
+    threshold: float = 0.10
+    replan_interval: float = 5.0
+    force_replan: str = ""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             check = _CHECKS.get(f.name)
             if check is not None:
                 check(f.name, getattr(self, f.name))
+        if self.levels == 0 and self.serve_only == "all":
+            raise ConfigError(
+                "levels=auto supports serve_only none or master, got 'all' (region-masters move between "
+                "ranks when the plan changes; set --levels 3 or 4 to keep serve-only region-masters)"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
@@ -69,12 +77,22 @@ class Config:
         """Return a copy with some settings changed (validated)."""
         return replace(self, **changes)
 
+    @property
+    def auto(self) -> bool:
+        """Whether the plan is chosen from measurements while the job runs (``levels=auto``)."""
+        return self.levels == 0
+
     def plan(self, size: int) -> Plan:
-        """Return the hierarchy plan these settings give on ``size`` processes.
+        """Return the hierarchy plan these settings give on ``size`` processes (the first plan under auto).
 
         Raises:
             PlanError: when the plan does not fit ``size``.
         """
+        if self.auto:
+            return Plan(
+                2, (), self.prefetch, self.chunk, self.serve_only,
+                "auto: classic 2-level until the first measurements decide",
+            )
         regions = self.regions or default_regions(size, self.levels)
         reason = "levels and regions set by configuration"
         if not self.regions and self.levels > 2:
@@ -113,6 +131,19 @@ def _regions(name: str, v: Any) -> None:
         raise ConfigError(f"{name} must be region counts >= 2 (e.g. 4 or 4,2), got {v!r}")
 
 
+def _fraction(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+        raise ConfigError(f"{name} must be a number in (0, 1) (e.g. 0.1 for 10%), got {v!r}")
+
+
+def _force(name: str, v: Any) -> None:
+    from .roles.autoplan import parse_force
+
+    if not isinstance(v, str):
+        raise ConfigError(f"{name} must be text like 0.5@3, got {v!r}")
+    parse_force(v)
+
+
 def _serve_only(name: str, v: Any) -> None:
     if v not in SERVE_ONLY_CHOICES:
         raise ConfigError(f"{name} must be one of {', '.join(SERVE_ONLY_CHOICES)}, got {v!r}")
@@ -129,7 +160,7 @@ def _prefetch(name: str, v: Any) -> None:
 
 
 _CHECKS: dict[str, Callable[[str, Any], None]] = {
-    "levels": _int_at_least(2),
+    "levels": lambda name, v: None if v == 0 else _int_at_least(2)(name, v),
     "regions": _regions,
     "prefetch": _prefetch,
     "chunk": _int_at_least(0),
@@ -146,11 +177,14 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "max_chunk": _int_at_least(1),
     "progress": _bool,
     "progress_interval": _positive_float,
+    "threshold": lambda name, v: _fraction(name, v),
+    "replan_interval": _positive_float,
+    "force_replan": lambda name, v: _force(name, v),
 }
 
 #: name -> (unit, help). The defaults are the dataclass defaults.
 SETTINGS: dict[str, tuple[str, str]] = {
-    "levels": ("", "levels of the hierarchy: 2 = master + slaves, 3 adds region-masters, 4 two tiers of them"),
+    "levels": ("", "levels: auto (chosen from measurements while the job runs), or 2 = master + slaves, 3 adds region-masters, 4 two tiers"),
     "regions": ("", "regions per intermediate level, e.g. 4 or 4,2 (default: about size^(1/(levels-1)))"),
     "prefetch": ("requests", "ids a region-master keeps queued, in requests' worth per process of its region"),
     "chunk": ("ids", "ids a slave asks for per request; 0 = automatic from the measured task time"),
@@ -167,6 +201,9 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "max_chunk": ("ids", "largest automatic chunk"),
     "progress": ("", "rank 0 shows progress (python -m nlevel.run turns it on unless --quiet)"),
     "progress_interval": ("s", "seconds between progress lines when stdout is not a terminal"),
+    "threshold": ("", "auto: overhead threshold C; a plan predicted above it is split further"),
+    "replan_interval": ("s", "auto: seconds between re-decisions after the first one"),
+    "force_replan": ("", "testing: switch plans at a committed fraction, e.g. 0.5@3x2"),
 }
 
 
@@ -182,6 +219,8 @@ def parse_setting(name: str, text: str, source: str | None = None) -> Any:
     try:
         if name == "regions":
             return tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+        if name == "levels" and text.lower() == "auto":
+            return 0
         if isinstance(default, bool):
             low = text.lower()
             if low in ("1", "true", "yes", "on"):

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from .backoff import Backoff
 from .config import Config
 from .hierarchy import Hierarchy
-from .protocol import Grant, Result
+from .protocol import Report, Result
 from .roles.dispatch import Master, Region
 from .roles.ledger import Ledger
 from .roles.station import Station
@@ -96,22 +96,20 @@ class Node:
             while True:
                 tid, sends = st.take()
                 self._send(sends)
-                if tid >= 0 and st.worker.asked and not st.local_parent:
-                    # An ask-ahead grant is taken as soon as it is here, so the request is timed
-                    # from its arrival, not from when this rank ran out of ids.
-                    grant = self.t.try_grant(st.worker.parent)
-                    if grant is not None:
-                        self._send(st.deliver(st.worker.parent, grant))
+                if tid >= 0 and not self._threaded():
+                    # Take what has arrived (an ask-ahead grant, a regroup) without waiting, so
+                    # requests are timed from arrival and plan changes are seen early.
+                    self._pump(block=False)
                 if tid != WAIT:
                     break
                 self._raise_error()
-                if st.local_parent:
-                    self.lock.wait(0.05)  # the server thread notifies when a grant arrives
+                if self._threaded():
+                    self.lock.wait(0.05)  # the server thread delivers and notifies
                 else:
-                    self._send(st.deliver(st.worker.parent, self._wait_grant(st.worker.parent)))
+                    self._pump(block=True)
         if tid >= 0:
             return tid
-        self._join()
+        self._finish_serving()
         return -1
 
     def leave(self, done: bool = False, result: Result | None = None) -> None:
@@ -123,21 +121,54 @@ class Node:
         with self.lock:
             self._send(st.leave(done, result))
             # A want still outstanding is always answered (ids or final): take the answer
-            # and give any ids straight back.
+            # and give any ids straight back (Station does, for a worker that left).
             while st.worker is not None and st.worker.asked and not st.local_parent:
-                self._send(st.on_grant_after_leaving(self._wait_grant(st.worker.parent)))
-        if st.dispatcher is not None and self._thread is None and st.serves_remote:
+                if self._threaded():
+                    self.lock.wait(0.05)
+                else:
+                    self._pump(block=True)
+        if st.dispatcher is not None and not self._threaded() and st.serves_remote:
             self._serve()
-        self._join()
+        self._finish_serving()
 
-    def _wait_grant(self, parent: int) -> Grant:
-        self.lock.release()
-        try:
-            grant = self.t.wait_grant(parent)
-        finally:
-            self.lock.acquire()
-        assert isinstance(grant, Grant)
-        return grant
+    def _threaded(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _pump(self, block: bool) -> None:
+        """Main thread, no server thread: deliver what has arrived from anyone (lock held).
+
+        With ``block``, wait (backing off) until at least one message was handled.
+        """
+        backoff = Backoff(self.config.poll_max)
+        handled = False
+        while True:
+            got = self.t.poll()
+            if got is None:
+                if handled or not block:
+                    return
+                backoff.wait()
+                continue
+            handled = True
+            self._send(self.station.deliver(*got))
+            self._start_thread_if_needed()
+
+    def _start_thread_if_needed(self) -> None:
+        """After a regroup a computing rank may have become a server: give it a server thread."""
+        st = self.station
+        if st.worker is None or not st.info.children or self._threaded():
+            return
+        if self.config.switch_interval > 0:
+            sys.setswitchinterval(self.config.switch_interval)
+        self._thread = threading.Thread(target=self._serve_guarded, name="nlevel-server", daemon=True)
+        self._thread.start()
+
+    def _finish_serving(self) -> None:
+        """This rank's loop is over: wait for its server side, and hear every old child out."""
+        self._join()
+        with self.lock:
+            while self.station.draining:
+                self._pump(block=True)
+        self.t.flush()
 
     def _join(self) -> None:
         if self._thread is not None:
@@ -159,14 +190,19 @@ class Node:
         backoff = Backoff(self.config.poll_max)
         next_tick = 0.0
         while True:
+            t0 = clock()
             got = self.t.poll()
             with self.lock:
                 if got is not None:
                     self._send(st.deliver(*got))
+                    msg = got[1]
+                    if st.planner is not None and isinstance(msg, Report) and msg.want > 0:
+                        st.planner.on_service(clock() - t0)  # receive + handle + answer: 1/mu
                     self.lock.notify_all()
                 elif clock() >= next_tick:
                     self._send(st.tick())
                     next_tick = clock() + 1e-3
+                    self.lock.notify_all()
                 self._checkpoint_if_due()
                 if st.done_serving:
                     break
@@ -220,7 +256,7 @@ class Node:
             "level": info.level,
             "tasks": w.task_times.n if w is not None else 0,
             "busy_s": w.task_times.total if w is not None else 0.0,
-            "served": d.served if d is not None else 0,
+            "served": st.served,
         }
         requests = None
         if w is not None and not st.local_parent:
@@ -230,6 +266,6 @@ class Node:
         merged: dict[str, Any] = {
             "tasks": w.task_times if w is not None else None,
             "requests": {info.level: requests} if requests is not None and requests.total.n else {},
-            "unexpected": d.unexpected if d is not None else 0,
+            "unexpected": st.unexpected_before + (d.unexpected if d is not None else 0),
         }
         return row, merged

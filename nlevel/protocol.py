@@ -17,6 +17,18 @@ Conversation (child C, parent P):
   empty unless it is final. ``residence`` and ``dispose`` are the seconds the request
   spent at P in total and in P's own handling, so C can split its request time into
   message, wait and dispose parts.
+
+Changing the plan while the job runs (``--levels auto``) adds an epoch to every report
+and grant, and two messages:
+
+* master -> every rank ``Regroup(epoch, plan)``: from now on, the hierarchy of ``plan``.
+  Ids granted before it are "carried" at the master until they are committed or given
+  back; a rank keeps its queue and its task in hand.
+* C -> its old parent ``Ack(epoch)``: C has switched; nothing more will come from it
+  under the old plan, so the old parent may stop listening for it.
+
+A report that reaches a rank under an older epoch than the rank's own is forwarded to
+the master as an ``orphan`` (its completions and returned ids are still good).
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ from typing import Any, ClassVar, Union
 
 from .ranges import Ranges
 
-__all__ = ["Tag", "Report", "Grant", "Message", "Result", "encode", "decode"]
+__all__ = ["Tag", "Report", "Grant", "Regroup", "Ack", "Message", "Result", "encode", "decode"]
 
 #: A task's result: one number, or a fixed number of them (the app's result fields).
 Result = Union[float, tuple[float, ...]]
@@ -38,6 +50,8 @@ class Tag(IntEnum):
 
     REPORT = 11
     GRANT = 12
+    REGROUP = 13
+    ACK = 14
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +64,10 @@ class Report:
     want: int = 0
     returned: Ranges = ()
     leaving: bool = False
+    epoch: int = 0
+    orphan: bool = False  # forwarded straight to the master from an older epoch
+    task_mean: float = 0.0  # the sender's mean task time (s), for the planner
+    msg_time: float = 0.0  # the sender's mean one-way message time (s), for the planner
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +79,31 @@ class Grant:
     final: bool = False
     residence: float = 0.0
     dispose: float = 0.0
+    epoch: int = 0
 
 
-Message = Union[Report, Grant]
+@dataclass(frozen=True, slots=True)
+class Regroup:
+    """Master to every rank: switch to ``plan`` (a :meth:`Plan.to_dict`) as epoch ``epoch``."""
 
-_BY_TAG: dict[int, Any] = {Tag.REPORT: Report, Tag.GRANT: Grant}
-_FIELDS: dict[type, tuple[str, ...]] = {
-    cls: tuple(f.name for f in fields(cls)) for cls in (Report, Grant)
-}
+    TAG: ClassVar[Tag] = Tag.REGROUP
+    epoch: int
+    plan: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Child to its parent of epoch ``epoch - 1``: switched; nothing more comes under the old plan."""
+
+    TAG: ClassVar[Tag] = Tag.ACK
+    epoch: int
+
+
+Message = Union[Report, Grant, Regroup, Ack]
+
+_CLASSES = (Report, Grant, Regroup, Ack)
+_BY_TAG: dict[int, Any] = {cls.TAG: cls for cls in _CLASSES}
+_FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in _CLASSES}
 
 
 def encode(msg: Message) -> tuple[int, tuple[Any, ...]]:

@@ -238,7 +238,7 @@ def predict(
         # flushes completions at least every batch_age.
         consumption = blocks[k] * w
         half_queue = max(1.0, plan.prefetch * (children(k) + 1) / 2)
-        return consumption / half_queue + 1.0 / batch_age
+        return consumption / half_queue + min(1.0 / batch_age, consumption)  # no more flushes than completions
 
     loads: list[LevelLoad] = []
     for k in range(depth_max + 1):
@@ -265,6 +265,10 @@ def predict(
     up_req = max((lv.t_req for lv in loads[:-1]), default=0.0) if depth_max else 0.0
     need = max(2.0, float(math.ceil(4 * up_req / task_time))) if math.isfinite(up_req) else plan.prefetch
     return Prediction(plan, tuple(loads), overhead, steady, min(need, 64.0))
+
+
+#: Splitting further must lower the predicted overhead by at least this much (absolute).
+SPLIT_GAIN = 0.01
 
 
 def _region_tuples(procs: int, splits: int) -> list[tuple[int, ...]]:
@@ -331,7 +335,7 @@ def choose_plan(
     chosen: Prediction | None = classic if classic is not None and classic.overhead <= threshold else None
     if classic is not None:
         best = classic
-    deepest: Prediction | None = classic
+    best_at: dict[int, Prediction] = {2: classic} if classic is not None else {}
     for levels in range(3, max_levels + 1):
         if chosen is not None:
             break
@@ -350,7 +354,8 @@ def choose_plan(
                 achieving.append((math.prod(regions), pred))
         if achieving:
             chosen = min(achieving, key=lambda t: (t[0], t[1].overhead))[1]
-        deepest = best_here or deepest
+        if best_here is not None:
+            best_at[levels] = best_here
     assert best is not None
     if chosen is not None:
         n_rm = sum(n.servers for n in chosen.levels[1:]) if chosen.plan.levels > 2 else 0
@@ -364,13 +369,26 @@ def choose_plan(
                 + ("" if classic.steady else f" (rho={classic.levels[0].rho:.2f} > 1: no steady state)")
             )
     else:
-        # The paper: above C, split recursively. With no plan under C that means the deepest
-        # hierarchy that fits (which also keeps "more processes, never fewer levels").
-        assert deepest is not None
-        chosen = deepest
+        # The paper: above C, split recursively. With no plan under C, split while splitting
+        # still helps: go one level deeper only if that lowers the prediction by more than
+        # SPLIT_GAIN. (When the overhead is message time, not waiting, a hierarchy cannot help.)
+        levels_tried = sorted(best_at)
+        if not any(p.steady for p in best_at.values()):
+            pick = best_at[levels_tried[-1]]  # no plan keeps up at all: split as deep as the world allows
+        else:
+            pick = best_at[levels_tried[0]]
+            for lv in levels_tried[1:]:
+                if best_at[lv].overhead < pick.overhead - SPLIT_GAIN:
+                    pick = best_at[lv]
+                else:
+                    break
+            if pick.plan.levels == 2 and not pick.steady and 3 in best_at:
+                pick = best_at[3]  # rho > 1: the master cannot keep up, so a level is added regardless
+        chosen = pick
         why = (
-            f"no plan reaches C={threshold:.0%}: split as deep as the world allows ({deepest.plan.levels} "
-            f"levels, predicted {deepest.overhead:.2%}; the lowest of any plan is {best.overhead:.2%})"
+            f"no plan reaches C={threshold:.0%}: split while it helps by more than {SPLIT_GAIN:.0%} -> "
+            f"{pick.plan.levels} levels, predicted {pick.overhead:.2%} (lowest of any plan {best.overhead:.2%}; "
+            f"the rest is message and dispose time, which levels do not remove)"
         )
     plan = Plan(chosen.plan.levels, chosen.plan.regions, chosen.plan.prefetch, 0, serve_only, why)
     return Decision(plan, chosen, classic if classic is not None else chosen, threshold, why, inputs)

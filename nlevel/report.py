@@ -130,6 +130,18 @@ def format_summary(report: dict[str, Any]) -> str:
         f"  plan: {report['plan']['levels']} levels, {report['hierarchy']['region_masters']} region-masters, "
         f"{report['hierarchy']['workers']} workers ({report['plan']['reason']})",
     ]
+    switches = len(report.get("plan_history", [])) - 1
+    decisions = report.get("decisions", [])
+    if decisions or switches > 0:
+        last = next((d for d in reversed(decisions) if "poisson" in d), None)
+        line = f"  auto: {len(decisions)} decision(s), {switches} switch(es)"
+        if last is not None:
+            fit = last["poisson"]
+            line += (
+                f"; last: lambda {fit['rate_per_s']:,.0f}/s ({fit['verdict']}, dispersion {fit['dispersion']:.2f}), "
+                f"mu {last['mu_per_s']:,.0f}/s, rho {last['rho_measured']:.2f}"
+            )
+        lines.append(line)
     if tasks.get("count"):
         lines.append(
             f"  task time: mean {tasks['mean']:.3f} ms, p50 {tasks['p50']:.3f}, p99 {tasks['p99']:.3f}, "

@@ -208,3 +208,24 @@ def test_vector_results_are_committed_and_handed_to_finish(tmp_path, mpi_env):
     assert all(v == [2.0 * i, float(i) ** 2] for i, v in zip(got["ids"], got["values"]))
     _, snap, _ = ckpt.read(tmp_path / "v.h5")
     assert snap.result_values.shape == (60, 2)
+
+
+@pytest.mark.timeout(180)
+def test_auto_plan_switches_mid_run_on_seven_processes(tmp_path, mpi_env):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = {**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs)}
+    args = [APP, "--n", "5000", "--sleep-ms", "1", "--levels", "auto", "--force-replan", "0.4@3x2",
+            "--checkpoint", "run.h5", "--report", "r.json", "--quiet"]
+    proc = nlevel_run(7, args, tmp_path, env)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(executions(logs)) == list(range(5000))  # executed once each, across the switch
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["complete"] and report["recomputed"] == 0
+    assert [p["levels"] for p in report["plan_history"]][:2] == [2, 3]
+    assert report["plan"]["levels"] in (2, 3)
+    measured = [d for d in report["decisions"] if "poisson" in d]
+    assert measured, report["decisions"]
+    for d in measured:  # every measured decision carries its inputs and reason
+        assert {"lam", "var", "verdict", "rate_per_s"} <= set(d["poisson"])
+        assert d["mu_per_s"] > 0 and d["reason"] and "current_predicted" in d

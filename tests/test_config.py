@@ -10,7 +10,7 @@ def test_precedence_argument_then_env_then_default():
     assert (c.levels, c.poll_max, c.regions) == (3, 0.001, (2,))
     c = Config.from_env(env, levels=4, regions=(2, 2))
     assert (c.levels, c.regions, c.poll_max) == (4, (2, 2), 0.001)
-    assert Config.from_env({}).levels == 2
+    assert Config.from_env({}).auto  # levels default: auto
 
 
 @pytest.mark.parametrize("var,value,match", [

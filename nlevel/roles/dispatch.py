@@ -189,12 +189,27 @@ class Master(Dispatcher):
         super().__init__(node, child_weights, clock)
         self.ledger = ledger
         self.queue = ledger.remaining()
+        # Ids granted under an earlier plan and not yet committed or given back: the job
+        # is not finished while any is left (see Station.switch).
+        self.carried = RangeSet()
 
     def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
         self.ledger.commit(done, results)
+        if self.carried:
+            self.carried.remove_ranges(done)
+
+    def take_orphan(self, done: Ranges, results: tuple[tuple[int, Result], ...], returned: Ranges) -> list[Out]:
+        """Completions and given-back ids that arrived under an older plan (see Station)."""
+        self._step_start = now = self.clock()
+        if done:
+            self._accept_done(done, results, now)
+        for a, b in returned:
+            self.carried.remove(a, b)
+            self.queue.add(a, b)
+        return self._serve(now) + self._upkeep(now)
 
     def _exhausted(self) -> bool:
-        return not self.queue and self.held_total == 0
+        return not self.queue and self.held_total == 0 and not self.carried
 
 
 class Region(Dispatcher):

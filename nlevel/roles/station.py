@@ -4,6 +4,16 @@ A message to this rank itself is delivered by a function call; everything else c
 back as :class:`~nlevel.roles.worker.Out` for the caller to send. The MPI runtime
 (:mod:`nlevel.node`), the tests and the simulator all drive ranks through this class,
 so they run the same logic. Pure Python.
+
+Changing plans (epochs). Under ``--levels auto`` the master switches the running job
+to another plan: it sends :class:`~nlevel.protocol.Regroup` to every rank and keeps
+every id granted before as *carried* until it is committed or given back. A rank that
+regroups keeps its worker's queue and task in hand, hands its region's queue and
+buffered completions straight to the master, builds its roles for the new hierarchy,
+and tells its old parent (:class:`~nlevel.protocol.Ack`) that nothing more will come
+under the old plan. Reports that still arrive under an older epoch are forwarded to the
+master as orphans; stale grants are given back. A rank keeps listening (``draining``)
+until every old child has acknowledged.
 """
 
 from __future__ import annotations
@@ -11,8 +21,11 @@ from __future__ import annotations
 from typing import Callable
 
 from ..config import Config
-from ..hierarchy import Hierarchy, Role
-from ..protocol import Grant, Message, Report, Result
+from ..hierarchy import Hierarchy, Role, build
+from ..plan import Plan
+from ..protocol import Ack, Grant, Message, Regroup, Report, Result
+from ..ranges import RangeSet
+from .autoplan import AutoPlanner
 from .dispatch import Master, Region
 from .ledger import Ledger
 from .worker import WAIT, Out, Worker
@@ -26,7 +39,7 @@ class Station:
     Args:
         hierarchy: The laid-out plan.
         rank: This rank.
-        config: Settings (chunking, batching, prefetch).
+        config: Settings (batching, chunk sizing; ``levels=auto`` adds a planner on rank 0).
         clock: Returns seconds.
         ledger: The completion record; required on rank 0.
         before_final: Rank 0: called once, before the first final grant goes anywhere
@@ -43,37 +56,55 @@ class Station:
         before_final: Callable[[], None] | None = None,
     ) -> None:
         self.rank = rank
-        self.info = info = hierarchy[rank]
+        self.size = hierarchy.size
+        self.config = config
         self.clock = clock
         self.before_final = before_final
+        self.ledger = ledger
         self._final_sent = False
-        self.dispatcher: Master | Region | None = None
+        self.epoch = 0
+        self.plans: list[Plan] = [hierarchy.plan]
+        self.draining: dict[int, set[int]] = {}  # epoch -> old children not yet acknowledged
+        self._future: list[tuple[int, Message]] = []  # reports from a newer epoch than ours
+        self.served_before = 0  # requests served by dispatchers of earlier epochs
+        self.unexpected_before = 0
+        self.planner: AutoPlanner | None = None
+        if rank == 0 and config.auto:
+            self.planner = AutoPlanner(self.size, config, hierarchy.plan)
         self.worker: Worker | None = None
+        self._lay_out(hierarchy)
+
+    def _lay_out(self, hierarchy: Hierarchy) -> None:
+        """Build this rank's roles for ``hierarchy``, keeping the worker (queue, task in hand)."""
+        self.hierarchy = hierarchy
+        self.info = info = hierarchy[self.rank]
+        plan = hierarchy.plan
         weights = {c: hierarchy[c].weight for c in info.children}
         if info.computes and (info.children or info.role is Role.MASTER):
-            weights[rank] = 1  # its own loop is one more child, served in-process
+            weights[self.rank] = 1  # its own loop is one more child, served in-process
+        self.dispatcher: Master | Region | None = None
         if info.role is Role.MASTER:
-            if ledger is None:
+            if self.ledger is None:
                 raise ValueError("rank 0 (the master) needs the ledger")
-            self.dispatcher = Master(info, weights, clock, ledger)
+            self.dispatcher = Master(info, weights, self.clock, self.ledger)
         elif info.children:
-            self.dispatcher = Region(info, weights, clock, hierarchy.plan.prefetch, config.batch, config.batch_age)
-        if info.computes:
-            parent = rank if self.dispatcher is not None else info.parent
-            assert parent is not None
-            self.worker = Worker(
-                parent,
-                hierarchy.plan.chunk,
-                config.report_every,
-                config.report_age,
-                config.chunk_target,
-                config.max_chunk,
-            )
+            self.dispatcher = Region(info, weights, self.clock, plan.prefetch, self.config.batch, self.config.batch_age)
+        parent = self.rank if self.dispatcher is not None else info.parent
+        if not info.computes:
+            return
+        assert parent is not None
+        c = self.config
+        if self.worker is None:
+            self.worker = Worker(parent, plan.chunk, c.report_every, c.report_age, c.chunk_target, c.max_chunk)
+        else:
+            self.worker.parent = parent
+            self.worker.chunk = plan.chunk
+            self.worker.asked = False  # an old want will not be answered: ask the new parent
 
     @property
     def serves_remote(self) -> bool:
-        """Whether other ranks ask this one for ids (it needs a server loop)."""
-        return bool(self.info.children)
+        """Whether other ranks ask this one for ids, or old children must still be heard."""
+        return bool(self.info.children) or bool(self.draining)
 
     @property
     def local_parent(self) -> bool:
@@ -82,28 +113,135 @@ class Station:
 
     @property
     def done_serving(self) -> bool:
-        """Whether the server side owes nobody anything more (every child released, parent settled)."""
+        """Whether the server side owes nobody anything more (every child released, parent settled, old children heard)."""
+        if self.draining:
+            return False
         d = self.dispatcher
         if d is None:
             return True
         return d.finished and (not isinstance(d, Region) or d.released)
 
+    @property
+    def served(self) -> int:
+        """Requests served by this rank's dispatchers, all epochs."""
+        return self.served_before + (self.dispatcher.served if self.dispatcher is not None else 0)
+
     # -- events -----------------------------------------------------------------------
     def deliver(self, src: int, msg: Message) -> list[Out]:
         """Handle a message from another rank; return what to send."""
+        if isinstance(msg, Regroup):
+            return self.regroup(msg)
+        if isinstance(msg, Ack):
+            if msg.epoch > self.epoch:
+                self._future.append((src, msg))  # a child switched before we did: count it after we switch
+                return []
+            waiting = self.draining.get(msg.epoch - 1)
+            if waiting is not None:
+                waiting.discard(src)
+                if not waiting:
+                    del self.draining[msg.epoch - 1]
+            return []
         if isinstance(msg, Report):
+            if msg.orphan or msg.epoch < self.epoch:
+                return self._orphan(msg)
+            if msg.epoch > self.epoch:
+                self._future.append((src, msg))  # its sender regrouped before we did
+                return []
+            if self.planner is not None:
+                self.planner.on_report(msg, self.clock())
             assert self.dispatcher is not None, f"rank {self.rank} got a report but serves nobody"
             return self.route(self.dispatcher.on_report(src, msg))
+        assert isinstance(msg, Grant)
+        if msg.epoch < self.epoch:
+            # Answers a want of an older plan: the ids are carried at the master; give them back.
+            return self._orphan(Report(returned=msg.ids, epoch=self.epoch)) if msg.ids else []
         if isinstance(self.dispatcher, Region):
             return self.route(self.dispatcher.on_grant(msg))
         assert self.worker is not None
+        if self.worker.left:
+            return self.on_grant_after_leaving(msg)
         self.worker.on_grant(msg, self.clock())
         return []
 
-    def tick(self) -> list[Out]:
-        """Time-driven work of the dispatcher (batch ages); return what to send."""
-        return self.route(self.dispatcher.tick()) if self.dispatcher is not None else []
+    def _orphan(self, msg: Report) -> list[Out]:
+        """Completions and returned ids from an older epoch: they go to the master."""
+        if not (msg.done or msg.returned):
+            return []
+        if isinstance(self.dispatcher, Master):
+            return self.route(self.dispatcher.take_orphan(msg.done, msg.results, msg.returned))
+        return [Out(0, Report(msg.done, msg.results, 0, msg.returned, epoch=self.epoch, orphan=True))]
 
+    def tick(self) -> list[Out]:
+        """Time-driven work: batch ages, and on rank 0 under auto, the planner."""
+        outs: list[Out] = []
+        if self.planner is not None and isinstance(self.dispatcher, Master) and not self._final_sent:
+            ledger = self.dispatcher.ledger
+            plan = self.planner.tick(self.clock(), ledger.n_committed / max(1, ledger.total))
+            if plan is not None and plan.min_size() <= self.size:
+                outs += self.switch(plan)
+        if self.dispatcher is not None:
+            outs += self.route(self.dispatcher.tick())
+        return outs
+
+    # -- changing plans ---------------------------------------------------------------------
+    def switch(self, plan: Plan) -> list[Out]:
+        """Rank 0: move the whole job to ``plan``; return the Regroup messages to send."""
+        old = self.dispatcher
+        assert isinstance(old, Master) and self.ledger is not None
+        if self._final_sent:
+            return []  # the job is over: nothing to move
+        self.epoch += 1
+        carried = old.carried.copy()
+        for child in old.children.values():
+            carried.add_ranges(child.held.ranges())
+        self.draining[self.epoch - 1] = {r for r in old.children if r != self.rank}
+        queue = old.queue
+        self.served_before += old.served
+        self.unexpected_before += old.unexpected
+        self.plans.append(plan)
+        self._lay_out(build(self.size, plan))
+        new = self.dispatcher
+        assert isinstance(new, Master)
+        new.queue = queue
+        new.carried = carried
+        if not self.draining[self.epoch - 1]:
+            del self.draining[self.epoch - 1]
+        regroup = Regroup(self.epoch, plan.to_dict())
+        return [Out(r, regroup) for r in range(1, self.size)]
+
+    def regroup(self, msg: Regroup) -> list[Out]:
+        """Any rank but 0: switch to the master's new plan; return what to send."""
+        if msg.epoch <= self.epoch:
+            return []
+        outs: list[Out] = []
+        old_parent = self.info.parent
+        d = self.dispatcher
+        if isinstance(d, Region):
+            returned = d.queue.copy()
+            returned.add_ranges(d.up_returned.ranges())
+            if d.up_done or returned:
+                outs.append(Out(0, Report(d.up_done.ranges(), tuple(d.up_results), 0, returned.ranges(),
+                                          epoch=msg.epoch, orphan=True)))
+            waiting = {r for r, c in d.children.items() if r != self.rank and not (c.left and not c.held)}
+            if waiting:
+                self.draining[self.epoch] = waiting
+            self.served_before += d.served
+            self.unexpected_before += d.unexpected
+        w = self.worker
+        if w is not None and w.done:
+            report = w._drain_report(0)
+            outs.append(Out(0, Report(report.done, report.results, epoch=msg.epoch, orphan=True)))
+        self.epoch = msg.epoch
+        self.plans.append(Plan.from_dict(msg.plan))
+        self._lay_out(build(self.size, self.plans[-1]))
+        if old_parent is not None:
+            outs.append(Out(old_parent, Ack(msg.epoch)))
+        future, self._future = self._future, []
+        for src, m in future:
+            outs += self.deliver(src, m)
+        return outs
+
+    # -- the user's loop --------------------------------------------------------------
     def finish(self, result: Result | None = None) -> None:
         """Record the current task (if any) as finished, with an optional result."""
         assert self.worker is not None
@@ -116,10 +254,22 @@ class Station:
         sends: list[Out] = []
         while True:
             tid, outs = w.next(self.clock())
-            sends += self.route(outs)
+            sends += self.route([self._stamp(o) for o in outs])
             if tid == WAIT and (w.queue or w.final):
                 continue  # the grant came back in-process while routing
             return tid, sends
+
+    def _stamp(self, out: Out) -> Out:
+        """Put the epoch and the planner's measurements on a worker's report."""
+        msg = out.msg
+        if not isinstance(msg, Report):
+            return out
+        w = self.worker
+        assert w is not None
+        task_mean = w.task_times.mean if (msg.want and w.task_times.n) else 0.0
+        msg_time = w.requests.message.mean if (msg.want and w.requests.message.n) else 0.0
+        return Out(out.dest, Report(msg.done, msg.results, msg.want, msg.returned, msg.leaving,
+                                    self.epoch, False, task_mean, msg_time))
 
     def leave(self, done: bool = False, result: Result | None = None) -> list[Out]:
         """The user left the loop early: give back unstarted ids; return what to send.
@@ -135,38 +285,47 @@ class Station:
         elif w.current is not None:
             w.queue.add(w.current, w.current + 1)
             w.current = None
-        return self.route(w.leave(self.clock()))
+        return self.route([self._stamp(o) for o in w.leave(self.clock())])
 
     def on_grant_after_leaving(self, grant: Grant) -> list[Out]:
         """A grant that crossed this rank's leaving report: give its ids straight back."""
         w = self.worker
         assert w is not None
+        if grant.epoch < self.epoch:
+            return self._orphan(Report(returned=grant.ids, epoch=self.epoch)) if grant.ids else []
         w.on_grant(grant, self.clock())
-        return self.route(w.leave(self.clock(), again=True)) if grant.ids else []
+        return self.route([self._stamp(o) for o in w.leave(self.clock(), again=True)]) if grant.ids else []
 
     # -- routing ----------------------------------------------------------------------
     def route(self, outs: list[Out]) -> list[Out]:
-        """Deliver messages addressed to this rank in-process; return the rest."""
+        """Deliver messages addressed to this rank in-process; return the rest (epoch-stamped)."""
         remote: list[Out] = []
         for out in outs:
             msg = out.msg
-            if (
-                isinstance(msg, Grant)
-                and msg.final
-                and not self._final_sent
-                and isinstance(self.dispatcher, Master)
-                and self.dispatcher.exhausted  # the job's end, not a leaving child's answer
-            ):
-                self._final_sent = True
-                if self.before_final is not None:
-                    self.before_final()
+            if isinstance(msg, Grant):
+                if msg.epoch != self.epoch:
+                    msg = Grant(msg.ids, msg.final, msg.residence, msg.dispose, self.epoch)
+                if (
+                    msg.final
+                    and not self._final_sent
+                    and isinstance(self.dispatcher, Master)
+                    and self.dispatcher.exhausted  # the job's end, not a leaving child's answer
+                ):
+                    self._final_sent = True
+                    if self.before_final is not None:
+                        self.before_final()
+            elif isinstance(msg, Report) and msg.epoch != self.epoch and not msg.orphan:
+                msg = Report(msg.done, msg.results, msg.want, msg.returned, msg.leaving, self.epoch,
+                             False, msg.task_mean, msg.msg_time)
             if out.dest != self.rank:
-                remote.append(out)
+                remote.append(Out(out.dest, msg))
             elif isinstance(msg, Report):
                 assert self.dispatcher is not None
                 remote += self.route(self.dispatcher.on_report(self.rank, msg))
             else:
-                assert self.worker is not None
+                assert self.worker is not None and isinstance(msg, Grant)
                 self.worker.on_grant(msg, self.clock())
         return remote
 
+
+_ = RangeSet  # carried sets are RangeSets (see Master.carried)

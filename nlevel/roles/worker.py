@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..protocol import Grant, Report, Result
+from ..protocol import Grant, Message, Report, Result
 from ..ranges import RangeSet
 from ..stats import RequestTimes, Summary
 
@@ -28,7 +28,7 @@ class Out:
     """A message to send: ``msg`` to rank ``dest``."""
 
     dest: int
-    msg: Report | Grant
+    msg: Message
 
 
 def auto_chunk(mean_task_s: float, target_s: float, max_chunk: int) -> int:

@@ -211,3 +211,33 @@ def test_checkpoint_is_written_periodically_on_any_world(mpi_tmp_path):
         meta, snap, _ = ckpt.read(path)
         ok = ok and snap.n_completed == 200
     assert everywhere(ok)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("force", ["", "0.3@3x2", "0.2@3x2;0.6@2"])
+def test_auto_plan_and_forced_switches_run_every_id_once(force, mpi_tmp_path):
+    """levels=auto: measure, decide, and (forced here) switch plans mid-run, with results."""
+    if force and comm.size < 4:
+        pytest.skip("a 3-level plan needs at least 4 processes")
+    path = os.path.join(str(mpi_tmp_path), f"auto{len(force)}.h5")
+    first, _, second = force.partition(";")
+    ran = []
+    config = Config(levels=0, force_replan=first, replan_interval=0.2)
+    with Farm(1500, path, fingerprint="auto", config=config) as farm:
+        for tid in farm:
+            time.sleep(0.0005)
+            ran.append(tid)
+            farm.complete(float(tid))
+            if second and comm.rank == 0 and farm.committed and farm.committed > 900 and farm._node.station.planner.force is None:
+                farm._node.station.planner.force = __import__("nlevel.roles.autoplan", fromlist=["x"]).parse_force(second)
+    ok = exactly_once(ran, set(range(1500)))
+    if comm.rank == 0:
+        r = farm.report
+        ok = ok and r["complete"] and r["recomputed"] == 0
+        switches = len(r["plan_history"]) - 1
+        ok = ok and (switches >= (1 + bool(second)) if force else True)
+        ids, values = farm.results()
+        ok = ok and np.array_equal(np.sort(ids), np.arange(1500)) and np.allclose(values[np.argsort(ids)], np.arange(1500))
+        _, snap, _ = ckpt.read(path)
+        ok = ok and snap.n_completed == 1500
+    assert everywhere(ok)
