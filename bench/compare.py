@@ -6,8 +6,8 @@ Measures, at the launch's process count:
 * the paper's micro benchmark scaled by 1/1000: tasks uniform in [2, 5] ms (sleeping),
   as overhead fraction = 1 - sum(task times) / (processes x wall), every rank counted.
 
-Systems: nlevel with its defaults (2 levels, master computes), nlevel with 3 levels
-(from 4 processes), and bench/classic.py with a serve-only master (the usual hand-written
+Systems: nlevel with its defaults (levels auto, master computes), nlevel fixed at 2 and
+at 3 levels (from 4 processes), and bench/classic.py with a serve-only master (the usual hand-written
 loop) and with a computing master (the paper's classic). Each cell is the median of
 ``--repeat`` runs, systems interleaved so drift hits all alike. Ratios, not absolute
 times, are the figures to compare: on a shared 2-core machine absolute rates move.
@@ -86,7 +86,8 @@ def main() -> int:
     size = comm.size
     cores = os.cpu_count() or 1  # not the affinity: Open MPI binds each rank to one core
     systems: dict[str, Callable[[int, Callable[[int], Any]], tuple[float, float]]] = {
-        "nlevel (2 levels)": lambda n, j: run_nlevel(n, j, Config()),
+        "nlevel (defaults: auto)": lambda n, j: run_nlevel(n, j, Config()),
+        "nlevel (2 levels)": lambda n, j: run_nlevel(n, j, Config(levels=2)),
     }
     if size >= 4:
         systems["nlevel (3 levels)"] = lambda n, j: run_nlevel(n, j, Config(levels=3))
