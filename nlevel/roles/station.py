@@ -24,7 +24,6 @@ from ..config import Config
 from ..hierarchy import Hierarchy, Role, build
 from ..plan import Plan
 from ..protocol import Ack, Grant, Message, Regroup, Report, Result
-from ..ranges import RangeSet
 from .autoplan import AutoPlanner
 from .dispatch import Master, Region
 from .ledger import Ledger
@@ -327,5 +326,3 @@ class Station:
                 self.worker.on_grant(msg, self.clock())
         return remote
 
-
-_ = RangeSet  # carried sets are RangeSets (see Master.carried)
