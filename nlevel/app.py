@@ -14,6 +14,10 @@ that provides:
 * ``finish(ids, values, options)`` (optional): called on rank 0 once every task is
   committed, with all committed results (this run's and resumed ones), e.g. to write
   the app's own output.
+* ``fingerprint(options) -> dict`` (optional, called after ``setup``): what identifies
+  the run for its checkpoint. Default: every app option. Leave out options that only
+  shape the output (so a resume may change them) and add what options do not show
+  (e.g. a digest of an input file's content).
 
 The app's options (and its name) form the fingerprint stored in the checkpoint, so a
 checkpoint is never resumed with other parameters. Pure Python, no MPI.
@@ -71,6 +75,20 @@ class App:
     def do_job(self, task_id: int) -> Any:
         """Run one task."""
         return self.module.do_job(task_id)
+
+    def fingerprint(self, options: argparse.Namespace, default: dict[str, Any]) -> dict[str, Any]:
+        """The app's ``fingerprint(options)`` if it has one, else ``default`` (all its options).
+
+        Raises:
+            AppError: when the hook does not return a dict.
+        """
+        fn = getattr(self.module, "fingerprint", None)
+        if fn is None:
+            return default
+        value = fn(options)
+        if not isinstance(value, dict):
+            raise AppError(f"APP {self.name!r}: fingerprint(options) must return a dict, got {type(value).__name__}")
+        return value
 
     @property
     def result_fields(self) -> tuple[str, ...] | None:

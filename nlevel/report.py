@@ -110,6 +110,9 @@ def write_json(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
         with os.fdopen(fd, "w") as f:
             json.dump(report, f, indent=2, default=str)
             f.write("\n")

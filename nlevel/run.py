@@ -169,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nlevel: error: {first}", file=sys.stderr, flush=True)
         return 2
 
-    fingerprint = {"app": app.name, **_app_options(app, options)}
+    fingerprint = {"app": app.name, **app.fingerprint(options, _app_options(app, options))}
     farm: Any = None
     status = 0
     try:
