@@ -1,0 +1,244 @@
+"""The discrete-event simulator (:mod:`nlevel.sim`): exactly-once, timing, shape, determinism, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nlevel.calibration import Calibration, save_calibration
+from nlevel.config import Config
+from nlevel.errors import ConfigError, PlanError
+from nlevel.hierarchy import build
+from nlevel.plan import Plan
+from nlevel.sim import default_times, main, make_durations, parse_plan, parse_task_time, simulate
+from nlevel.sim_engine import Engine, LeanSummary
+from nlevel.stats import Summary
+
+MS = 1e-3
+
+
+def durations(n, lo=2 * MS, hi=5 * MS, seed=0):
+    return make_durations(n, task_time=(lo, hi), seed=seed)
+
+
+@pytest.fixture(autouse=True)
+def no_calibration(tmp_path, monkeypatch):
+    """Tests do not read the machine's calibration file."""
+    monkeypatch.setenv("NLEVEL_CALIBRATION", str(tmp_path / "no-calibration.json"))
+
+
+# -- the same roles, exactly once -----------------------------------------------------------
+CASES = [
+    (1, Plan(chunk=1)),
+    (8, Plan(chunk=1)),
+    (8, Plan()),  # automatic chunks
+    (16, Plan(chunk=3)),
+    (16, Plan(3, (4,), chunk=1)),
+    (17, Plan(3, (3,), prefetch=1.0, chunk=1)),
+    (64, Plan(3, (8,), chunk=1)),
+    (64, Plan(4, (4, 4), chunk=1)),
+    (16, Plan(3, (4,), chunk=1, serve_only="all")),
+    (16, Plan(chunk=1, serve_only="master")),
+]
+
+
+@pytest.mark.parametrize("procs,plan", CASES, ids=lambda c: getattr(c, "describe", lambda: str(c))())
+def test_every_task_committed_exactly_once(procs, plan):
+    total = 20 * procs + 7
+    engine = Engine(build(procs, plan), Config(levels=plan.levels), durations(total), 3e-5, 2.5e-4)
+    result = engine.run()
+    ledger = result.ledger
+    assert ledger.complete() and ledger.recomputed == 0
+    assert result.tasks_run == total
+    assert all(s.done_serving for s in result.stations)
+    assert all(s.dispatcher is None or s.dispatcher.unexpected == 0 for s in result.stations)
+    assert all(s.worker is None or s.worker.final for s in result.stations)
+
+
+def test_lean_summary_keeps_what_the_roles_read():
+    full, lean = Summary(), LeanSummary()
+    for x in make_durations(2000, task_time=(1.0, 9.0), seed=4):
+        full.add(x)
+        lean.add(x)
+    assert (lean.n, lean.lo, lean.hi) == (full.n, full.lo, full.hi)
+    assert lean.mean == pytest.approx(full.mean) and lean.std == pytest.approx(full.std)
+    assert lean.total == pytest.approx(full.total) and lean.sample == []
+
+
+def test_engine_refuses_auto_replanning():
+    with pytest.raises(ConfigError, match="levels=auto"):
+        Engine(build(4, Plan()), Config(levels=0), durations(10), 3e-5, 2.5e-4)
+
+
+def test_makespan_is_at_least_the_work_per_process():
+    for procs, plan in CASES:
+        d = durations(10 * procs)
+        r = simulate(procs, plan, d, 3e-5, 2.5e-4)
+        workers = build(procs, plan).workers()
+        assert r.makespan >= sum(d) / workers - 1e-12
+        assert r.makespan >= max(d)
+        assert r.committed == r.tasks_run == len(d) and r.recomputed == 0
+        assert r.overhead == pytest.approx(1 - sum(d) / (procs * r.makespan))
+
+
+def test_timing_model_is_exact_for_one_slave():
+    # A serve-only master and one slave, constant tasks T: every task costs the slave
+    # T + 2 msg + service, and the final answer one more round trip.
+    t, msg, svc, k = 1.0, 0.1, 0.01, 5
+    r = simulate(2, Plan(chunk=1, serve_only="master"), [t] * k, svc, msg)
+    assert r.makespan == pytest.approx(k * (t + 2 * msg + svc) + 2 * msg + svc)
+    assert r.requests["slave"]["mean_ms"] == pytest.approx(1e3 * (2 * msg + svc))
+    assert r.requests["slave"]["wait_ms"] == pytest.approx(0.0, abs=1e-9)
+    # One process alone runs everything in-process: no overhead at all.
+    assert simulate(1, Plan(chunk=1), [t] * k, svc, msg).overhead == pytest.approx(0.0, abs=1e-12)
+
+
+def test_master_queue_is_fifo_one_at_a_time():
+    # Four slaves ask at t=0; the master (serve-only) answers them one service time apart.
+    svc, msg = 0.5, 0.0
+    r = simulate(5, Plan(chunk=1, serve_only="master"), [10.0] * 4, svc, msg)
+    # Slave k gets its id at k*svc, runs 10 s, and reports; the last report, handled at
+    # 4*svc + 10 + svc, releases everyone at once.
+    assert r.makespan == pytest.approx(4 * svc + 10.0 + svc)
+    assert r.servers["master"]["messages"] == 8
+
+
+# -- the shape ---------------------------------------------------------------------------------
+def test_classic_overhead_grows_with_processes():
+    overheads = []
+    for procs in (4, 16, 64, 256):
+        r = simulate(procs, Plan(chunk=1), durations(10 * procs), 3e-5, 2.5e-4)
+        overheads.append(r.overhead)
+    assert overheads == sorted(overheads), overheads
+    assert overheads[-1] > 0.5 > overheads[0]  # 256 slaves saturate a 3e-5 s master on 3.5 ms tasks
+
+
+def test_three_levels_beat_classic_when_the_master_is_saturated():
+    procs, svc, msg = 64, 5e-4, 1e-4
+    d = make_durations(20 * procs, task_time=(10 * MS, 20 * MS), seed=1)
+    classic = simulate(procs, Plan(chunk=1), d, svc, msg)
+    three = simulate(procs, Plan(3, (8,), chunk=1), d, svc, msg)
+    assert classic.servers["master"]["busy"] > 0.95  # saturated
+    assert three.overhead < 0.5 * classic.overhead, (three.overhead, classic.overhead)
+
+
+def test_auto_plan_is_under_the_threshold_where_classic_is_not():
+    procs, svc, msg = 256, 2.5e-4, 2e-5
+    # 50 tasks each: with fewer, the end of the job (the last tasks' spread) dominates.
+    d = make_durations(50 * procs, task_time=(20 * MS, 50 * MS), seed=2)
+    classic = simulate(procs, Plan(chunk=1), d, svc, msg)
+    plan, predicted = parse_plan("auto", procs, 1, task_time=35 * MS, service_time=svc, msg_time=msg)
+    auto = simulate(procs, plan, d, svc, msg)
+    assert plan.levels >= 3 and predicted is not None and predicted <= 0.10
+    assert classic.overhead > 0.3
+    assert auto.overhead < 0.10
+
+
+def test_gil_delay_only_slows_things_down():
+    d = durations(400)
+    base = simulate(8, Plan(3, (2,), chunk=1), d, 1e-4, 1e-4)
+    slowed = simulate(8, Plan(3, (2,), chunk=1), d, 1e-4, 1e-4, gil_delay=1e-3)
+    assert slowed.makespan > base.makespan
+
+
+# -- determinism and inputs ------------------------------------------------------------------
+def test_deterministic_for_a_seed():
+    a = simulate(32, Plan(3, (4,), chunk=1), durations(640, seed=5), 3e-5, 2.5e-4)
+    b = simulate(32, Plan(3, (4,), chunk=1), durations(640, seed=5), 3e-5, 2.5e-4)
+    c = simulate(32, Plan(3, (4,), chunk=1), durations(640, seed=6), 3e-5, 2.5e-4)
+    assert (a.makespan, a.overhead, a.events) == (b.makespan, b.overhead, b.events)
+    assert a.makespan != c.makespan
+
+
+def test_durations():
+    d = make_durations(1000, task_time=(2.0, 5.0), seed=3)
+    assert len(d) == 1000 and 2.0 <= min(d) and max(d) <= 5.0 and d == make_durations(1000, task_time=(2.0, 5.0), seed=3)
+    assert make_durations(3, task_time=(4.0, 4.0)) == [4.0, 4.0, 4.0]
+    s = make_durations(500, samples=[14.0, 800.0], seed=1)
+    assert set(s) == {14.0, 800.0}
+
+
+def test_parse_task_time_and_plan():
+    assert parse_task_time("2:5") == (2.0, 5.0)
+    assert parse_task_time("3.4") == (3.4, 3.4)
+    classic = parse_plan("classic", 8)[0]
+    assert (classic.levels, classic.chunk, classic.serve_only) == (2, 1, "none")
+    plan, _ = parse_plan("levels=3,regions=128,prefetch=3,chunk=2,serve_only=master", 32768)
+    assert (plan.levels, plan.regions, plan.prefetch, plan.chunk, plan.serve_only) == (3, (128,), 3.0, 2, "master")
+    assert parse_plan("levels=4,regions=16x8", 32768)[0].regions == (16, 8)
+    assert parse_plan("levels=3", 64, chunk=0)[0].regions == (8,)  # default regions, --chunk applies
+    with pytest.raises(PlanError, match="needs at least 256 processes"):
+        parse_plan("levels=3,regions=128", 8)
+    for bad in ("0", "-1", "5:2", "a:b", "2:", ":5", "1:2:3", "nan", "inf"):
+        with pytest.raises(ConfigError, match="--task-time"):
+            parse_task_time(bad)
+    for bad in ("levels=x", "foo", "levels=3,regions=", "depth=3", "serve_only=some", "levels=1"):
+        with pytest.raises((ConfigError, PlanError)):
+            parse_plan(bad, 64)
+
+
+def test_calibration_is_the_default(tmp_path, monkeypatch):
+    path = tmp_path / "cal.json"
+    monkeypatch.setenv("NLEVEL_CALIBRATION", str(path))
+    assert default_times()[2].startswith("built-in defaults")
+    save_calibration(Calibration(1.5e-5, 7e-5, {}, "now", {}), str(path))
+    with pytest.warns(UserWarning):  # measured "elsewhere": identity differs
+        service, msg, source = default_times()
+    assert (service, msg) == (1.5e-5, 7e-5) and str(path) in source
+
+
+# -- the command line ------------------------------------------------------------------------
+def test_cli_json_has_overhead_and_makespan(capsys):
+    assert main(["--procs", "16", "--task-time", "2:5", "--tasks-per-proc", "10", "--plan", "levels=3,regions=4",
+                 "--service-time", "3e-5", "--msg-time", "2.5e-4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert 0 <= out["overhead"] < 1 and out["makespan"] > 0
+    assert out["tasks"] == out["committed"] == 160 and out["plan"]["levels"] == 3
+    assert out["service_time"] == 3e-5 and out["times_source"] == "given"
+    assert set(out["requests"]) == {"region-master L1", "slave"}
+
+
+def test_cli_text_and_task_times_file(tmp_path, capsys):
+    f = tmp_path / "dock.txt"
+    f.write_text("# docking times, s\n14\n120\n\n800\n")
+    assert main(["--procs", "8", "--task-times-file", str(f), "--tasks-per-proc", "5", "--plan", "auto"]) == 0
+    text = capsys.readouterr().out
+    assert "overhead" in text and "makespan" in text and "the model predicted" in text
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--procs", "0", "--task-time", "2:5"], "--procs must be an integer >= 1, got 0"),
+        (["--procs", "-4", "--task-time", "2:5"], "got -4"),
+        (["--procs", "8", "--task-time", "0"], "'0'"),
+        (["--procs", "8", "--task-time=-2:5"], "'-2:5'"),
+        (["--procs", "8", "--task-time", "5:2"], "'5:2'"),
+        (["--procs", "8", "--task-time", "2-5"], "'2-5'"),
+        (["--procs", "8", "--task-time", "2:5", "--plan", "levels=three"], "'three'"),
+        (["--procs", "8", "--task-time", "2:5", "--plan", "tree"], "'tree'"),
+        (["--procs", "8", "--task-time", "2:5", "--plan", "levels=3,regions=128"], "needs at least 256 processes"),
+        (["--procs", "8", "--task-time", "2:5", "--tasks-per-proc", "0"], "--tasks-per-proc"),
+        (["--procs", "8", "--task-time", "2:5", "--service-time", "0"], "--service-time"),
+        (["--procs", "8", "--task-time", "2:5", "--msg-time", "-1"], "--msg-time"),
+        (["--procs", "8", "--task-times-file", "/nonexistent/times.txt"], "/nonexistent/times.txt"),
+    ],
+)
+def test_cli_bad_input_exits_2_naming_the_value(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nlevel.sim: error: ") and needle in err and "Traceback" not in err
+
+
+def test_cli_bad_file_line(tmp_path, capsys):
+    f = tmp_path / "t.txt"
+    f.write_text("3\nfast\n")
+    assert main(["--procs", "4", "--task-times-file", str(f)]) == 2
+    assert "line 2" in capsys.readouterr().err
+
+
+def test_cli_malformed_number_is_argparse_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--procs", "many", "--task-time", "2:5"])
+    assert exc.value.code == 2 and "'many'" in capsys.readouterr().err
