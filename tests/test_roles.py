@@ -128,6 +128,11 @@ def check(ledger, executed, stations, finals, state, total, completed_ids=frozen
     assert all(st.done_serving for st in stations)
     if not any(st.epoch for st in stations):  # after a switch, carried ids finish through new parents
         assert all(st.dispatcher is None or st.dispatcher.unexpected == 0 for st in stations)
+    for st in stations:  # the dispatchers' running sums agree with a recount
+        d = st.dispatcher
+        if d is not None:
+            assert d.pending_want == sum(c.want for c in d.pending)
+            assert d.want_sum == sum(c.last_want for c in d.children.values() if not c.left)
     if total:  # the final checkpoint comes after the last commit (a world where everyone left has none)
         assert finals in ([total], []), finals
     results = dict(zip(ledger.result_ids, ledger.result_values))

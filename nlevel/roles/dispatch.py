@@ -81,6 +81,10 @@ class Dispatcher:
         self.children = {r: Child(r, w) for r, w in child_weights.items()}
         self.total_weight = sum(w for w in child_weights.values()) or 1
         self.pending: deque[Child] = deque()
+        # Running sums (a region-master reads them on every message; summing over ~10^4
+        # children each time was most of its cost at scale).
+        self.pending_want = 0  # ids asked for by the wants waiting in `pending`
+        self.want_sum = sum(c.last_want for c in self.children.values())  # last wants of children still here
         self.held_total = 0
         self.unexpected = 0  # ids reported done that the child was not holding
         self.served = 0  # wants answered
@@ -103,18 +107,24 @@ class Dispatcher:
             self._take_back(a, b)
         outs: list[Out] = []
         if report.leaving:
+            if not child.left:
+                self.want_sum -= child.last_want
             child.left = True
             if child.want:
                 # Answer the outstanding want so the child never waits for a grant that
                 # will not come, nor misses one that is already on its way.
                 self.pending.remove(child)
+                self.pending_want -= child.want
                 child.finished = True
                 outs.append(self._grant(child, (), True, now))
                 child.want = 0
         elif report.want > 0:
             if not child.want:
                 self.pending.append(child)
+            self.pending_want += report.want - child.want
             child.want = report.want
+            if not child.left:
+                self.want_sum += report.want - child.last_want
             child.last_want = report.want
             child.since = now
         return outs + self._serve(now) + self._upkeep(now)
@@ -150,6 +160,7 @@ class Dispatcher:
             else:
                 break
             self.pending.popleft()
+            self.pending_want -= child.want
             child.want = 0
         return outs
 
@@ -263,7 +274,7 @@ class Region(Dispatcher):
 
     def target(self) -> int:
         """Ids to keep queued: ``prefetch`` times what the children ask for per request."""
-        return max(1, math.ceil(self.prefetch * sum(c.last_want for c in self.children.values() if not c.left)))
+        return max(1, math.ceil(self.prefetch * self.want_sum))
 
     def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
         self.up_done.add_ranges(done)
@@ -299,7 +310,7 @@ class Region(Dispatcher):
             self.queue = RangeSet()
             report = self._report(0)
             return [Out(self.parent, Report(report.done, report.results, 0, returned, True))]
-        waiting = sum(c.want for c in self.pending)
+        waiting = self.pending_want
         deficit = self.target() + waiting - len(self.queue)
         low = len(self.queue) - waiting < self.target() / 2
         if not self.asked and low and deficit > 0:
