@@ -96,9 +96,9 @@ class Node:
             while True:
                 tid, sends = st.take()
                 self._send(sends)
-                if tid >= 0 and not self._threaded():
-                    # Take what has arrived (an ask-ahead grant, a regroup) without waiting, so
-                    # requests are timed from arrival and plan changes are seen early.
+                if tid >= 0 and st.worker.asked and not self._threaded():
+                    # An ask-ahead grant is taken as soon as it is here (so the request is timed
+                    # from its arrival); a regroup that came with it is seen early too.
                     self._pump(block=False)
                 if tid != WAIT:
                     break
@@ -139,13 +139,15 @@ class Node:
 
         With ``block``, wait (backing off) until at least one message was handled.
         """
-        backoff = Backoff(self.config.poll_max)
+        backoff: Backoff | None = None
         handled = False
         while True:
             got = self.t.poll()
             if got is None:
                 if handled or not block:
                     return
+                if backoff is None:
+                    backoff = Backoff(self.config.poll_max)
                 backoff.wait()
                 continue
             handled = True
