@@ -22,9 +22,10 @@ class Summary:
     percentiles without keeping every value.
     """
 
-    __slots__ = ("n", "total", "_mean", "_m2", "lo", "hi", "sample", "_rng")
+    __slots__ = ("n", "total", "_mean", "_m2", "lo", "hi", "sample", "cap", "_seed", "_rng_")
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, cap: int = _SAMPLE) -> None:
+        """``cap``: values kept for percentiles (0: none, for huge simulated runs)."""
         self.n = 0
         self.total = 0.0
         self._mean = 0.0
@@ -32,7 +33,15 @@ class Summary:
         self.lo = math.inf
         self.hi = -math.inf
         self.sample: list[float] = []
-        self._rng = random.Random(seed)
+        self.cap = cap
+        self._seed = seed
+        self._rng_: random.Random | None = None  # made when first needed: most summaries never are
+
+    @property
+    def _rng(self) -> random.Random:
+        if self._rng_ is None:
+            self._rng_ = random.Random(self._seed)
+        return self._rng_
 
     def add(self, x: float) -> None:
         """Add one value."""
@@ -45,11 +54,11 @@ class Summary:
             self.lo = x
         if x > self.hi:
             self.hi = x
-        if len(self.sample) < _SAMPLE:
+        if len(self.sample) < self.cap:
             self.sample.append(x)
-        else:
+        elif self.cap:
             k = int(self._rng.random() * self.n)
-            if k < _SAMPLE:
+            if k < self.cap:
                 self.sample[k] = x
 
     def merge(self, other: Summary) -> None:
@@ -58,15 +67,15 @@ class Summary:
             return
         if self.n == 0:
             self.n, self.total, self._mean, self._m2 = other.n, other.total, other._mean, other._m2
-            self.lo, self.hi, self.sample = other.lo, other.hi, list(other.sample)
+            self.lo, self.hi, self.sample = other.lo, other.hi, list(other.sample)[: self.cap]
             return
         n = self.n + other.n
         d = other._mean - self._mean
         self._m2 += other._m2 + d * d * self.n * other.n / n
         self._mean += d * other.n / n
         # Keep the merged sample proportional to the two streams' sizes.
-        k_other = round(_SAMPLE * other.n / n)
-        mine = self._rng.sample(self.sample, min(len(self.sample), _SAMPLE - k_other))
+        k_other = round(self.cap * other.n / n)
+        mine = self._rng.sample(self.sample, min(len(self.sample), self.cap - k_other))
         theirs = self._rng.sample(other.sample, min(len(other.sample), k_other))
         self.sample = mine + theirs
         self.n = n
