@@ -331,39 +331,14 @@ class Engine:
                     req_s[lv] += now - w.asked_at  # type: ignore[union-attr]
                 st.deliver(src, msg)
                 if waiting[dest]:
-                    tid, outs = st.take()
-                    if outs:
-                        arrive = now + msg_time
-                        for o in outs:
-                            msgs_append((arrive, o.dest, dest, o.msg))
-                    if tid >= 0:
-                        waiting[dest] = False
-                        counts[1] += 1
-                        heappush(heap, (now + dur[tid], _TASK, dest))
-                    elif tid != WAIT:
-                        waiting[dest] = False
-                        counts[0] += 1
+                    resume(dest, now)
             elif heap:
                 now, kind, r = heappop(heap)
                 if kind == _TASK:
                     clock.t = now
                     st = stations[r]
                     st.finish()
-                    if region[r]:
-                        resume(r, now)
-                        continue
-                    tid, outs = st.take()
-                    if outs:
-                        arrive = now + msg_time
-                        for o in outs:
-                            msgs_append((arrive, o.dest, r, o.msg))
-                    if tid >= 0:
-                        counts[1] += 1
-                        heappush(heap, (now + dur[tid], _TASK, r))
-                    elif tid == WAIT:
-                        waiting[r] = True
-                    else:
-                        counts[0] += 1
+                    resume(r, now)  # also checks a region-master's tick
                 elif kind == _SERVE:
                     handle(r, now)
                 else:
