@@ -84,11 +84,6 @@ class Transport:
                 return decode(Tag.GRANT, m.recv())
             backoff.wait()
 
-    def try_grant(self, parent: int) -> Message | None:
-        """Return ``parent``'s grant if one has arrived, without waiting."""
-        m = self.comm.improbe(parent, Tag.GRANT)
-        return decode(Tag.GRANT, m.recv()) if m is not None else None
-
     @property
     def thread_multiple(self) -> bool:
         """Whether MPI allows calls from several threads at once (a computing server needs it)."""

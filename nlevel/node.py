@@ -33,7 +33,7 @@ class Node:
 
     Args:
         transport: A :class:`~nlevel.comm.Transport` (or a double with ``rank``, ``send``,
-            ``poll``, ``wait_grant`` and ``flush``).
+            ``poll`` and ``flush``).
         hierarchy: The laid-out plan.
         config: Settings.
         ledger: The completion record (rank 0 only).

@@ -16,9 +16,6 @@ from .stats import RequestTimes, Summary
 
 __all__ = ["build_report", "merge_stats", "write_json", "format_summary"]
 
-_LEVEL_NAMES = {0: "master"}
-
-
 def _level_name(level: int, levels: int) -> str:
     if level == 0:
         return "master"
