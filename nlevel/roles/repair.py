@@ -39,6 +39,12 @@ class Repair:
         self.mirror: Ledger | None = None  # the deputy's copy of the master's ledger
         self._mirror_to: int | None = None  # the master: where the copy goes (None: not sent yet)
         self._deferred: deque[tuple[int, Message]] = deque()
+        self._master_heard = 0.0  # the deputy: when the master's last copy (or heartbeat) came
+        self._mirror_sent = 0.0  # the master: when it last sent the deputy anything
+        # After a failure: every id this rank reported finished upward, per receiver. A Holding
+        # includes those sent to live ranks, so ids on their way up between two survivors are
+        # not taken for lost (those sent to a rank that died are lost with it).
+        self.sent_done: dict[int, RangeSet] | None = None
 
     # -- events ---------------------------------------------------------------------------
     def fail(self: Station, ranks: tuple[int, ...], how: str = "ulfm") -> list[Out]:
@@ -49,6 +55,10 @@ class Repair:
         old = self.hierarchy
         self.failed = failed = self.failed | new
         nh = build(self.size, old.plan, failed)
+        if self.sent_done is None:
+            self.sent_done = {}
+        for x in new:
+            self.sent_done.pop(x, None)
         wall = self.wall()
         outs: list[Out] = []
         for epoch in list(self.draining):  # the dead never acknowledge a regroup
@@ -56,6 +66,7 @@ class Repair:
             if not self.draining[epoch]:
                 del self.draining[epoch]
         d = self.dispatcher
+        ask: set[int] = set()
         if d is not None:
             for x in sorted(new & set(d.children)):
                 leased = d.children[x].leased
@@ -65,7 +76,7 @@ class Repair:
                 record["silent_ms"] = round(silent * 1e3, 3)  # since its last message: bounds the detection latency
                 if old[x].children:  # a server: its survivors will say what they hold
                     self.recon = self.recon or Reconciliation()
-                    self.recon.add_dead(held, expected(x, old, failed), record)
+                    ask |= self.recon.add_dead(held, expected(x, old, failed), record)
                 else:
                     n, quarantined = d.requeue_lost(held)
                     close_record(record, n, quarantined, self.wall())
@@ -73,14 +84,17 @@ class Repair:
         if self.recon is not None:
             for x in sorted(new & (self.recon.expected | set(self.recon.got))):
                 mine = reconciler(x, old, nh) == self.rank
-                self.recon.member_died(x, expected(x, old, failed) if mine else set())
+                ask |= self.recon.member_died(x, expected(x, old, failed) if mine else set())
         became_master = nh.master == self.rank and old.master != self.rank
         if became_master:
-            outs += self._take_over(old, nh, wall, how)
+            ask |= self._take_over(old, nh, wall, how)
         outs += self._relayout(nh)
         parent = old[self.rank].parent
-        if parent is not None and parent in new:
-            outs += self._send_holding(reconciler(self.rank, old, nh))
+        if parent is not None and parent in new and self.info.parent is not None:
+            # Unasked, to the new parent: it records what this rank's subtree holds.
+            outs.append(Out(self.info.parent, Holding(self._holding().ranges(), tuple(sorted(failed)))))
+        asking = Holding((), tuple(sorted(failed)), True)
+        outs += [Out(r, asking) for r in sorted(ask - {self.rank})]
         if isinstance(self.dispatcher, Master) and self.config.ft:
             dep = deputy(nh)
             if dep != self._mirror_to:
@@ -112,6 +126,8 @@ class Repair:
 
     def on_holding(self: Station, src: int, msg: Holding) -> list[Out]:
         """A survivor whose parent died says what it holds (this rank reconciles, or is its new parent)."""
+        if msg.ask:
+            return [Out(src, Holding(self._holding().ranges(), tuple(sorted(self.failed))))]
         held = RangeSet(msg.held)
         d = self.dispatcher
         if d is None:
@@ -133,10 +149,22 @@ class Repair:
         if msg.full or self.mirror is None:
             self.mirror = Ledger(msg.total, width=msg.width)
         self.mirror.commit(msg.done, msg.results)
+        self._master_heard = self.clock()
+        return []
+
+    def watch_master(self: Station) -> list[Out]:
+        """The deputy: a master silent past its lease is hung (it heartbeats): have it killed."""
+        if self.mirror is None or not self.config.ft or isinstance(self.dispatcher, Master):
+            return []
+        now = self.clock()
+        longest = self.worker.task_times.hi if self.worker is not None and self.worker.task_times.n else 0.0
+        if now - self._master_heard > self.config.lease_min + self.config.lease_factor * longest:
+            self._master_heard = now  # once per lease
+            return [Out(self.hierarchy.master, Kill(self.hierarchy.master))]
         return []
 
     # -- the pieces -----------------------------------------------------------------------------
-    def _take_over(self: Station, old: Hierarchy, nh: Hierarchy, wall: float, how: str) -> list[Out]:
+    def _take_over(self: Station, old: Hierarchy, nh: Hierarchy, wall: float, how: str) -> set[int]:
         """This rank is the new master: the ledger from the mirror (or the checkpoint); reconcile everything."""
         ledger = self.mirror
         source = "deputy's copy"
@@ -151,10 +179,9 @@ class Repair:
         record["ledger_from"] = source
         recon = self.recon or Reconciliation()
         recon.everything = True
-        recon.add_dead(RangeSet(), expected(old.master, old, self.failed) - {self.rank}, record)
         self.recon = recon
         self.planner = None  # the new master keeps the plan it finds
-        return []
+        return recon.add_dead(RangeSet(), expected(old.master, old, self.failed) - {self.rank}, record)
 
     def _relayout(self: Station, nh: Hierarchy) -> list[Out]:
         """Give this rank the roles ``nh`` says, keeping every id it holds; return what to send."""
@@ -193,6 +220,7 @@ class Repair:
             d = None
         if d is not None:
             d.quarantine = c.quarantine
+            d.track_settled = True
             for r in [r for r in d.children if r not in weights]:
                 d.requeue_lost(d.drop_child(r))  # (not expected: children only change by dying)
             for r, wt in weights.items():
@@ -247,21 +275,9 @@ class Repair:
                     held.add(tid, tid + 1)
         if self.recon is not None:
             held.add_ranges(self.recon.held.ranges())
+        for sent in (self.sent_done or {}).values():
+            held.add_ranges(sent.ranges())
         return held
-
-    def _send_holding(self: Station, to: int) -> list[Out]:
-        """This rank's parent died: tell the reconciler and the new parent what this rank holds."""
-        msg = Holding(self._holding().ranges(), tuple(sorted(self.failed)))
-        dests = {to}
-        if self.info.parent is not None:
-            dests.add(self.info.parent)
-        outs: list[Out] = []
-        for dest in sorted(dests):
-            if dest == self.rank:
-                outs += self.on_holding(self.rank, msg)
-            else:
-                outs.append(Out(dest, msg))
-        return outs
 
     def _finish_recon(self: Station) -> list[Out]:
         """Every expected Holding is in: requeue what nobody holds."""
@@ -306,9 +322,15 @@ class Repair:
         if not isinstance(d, Master) or not d.mirror:
             return []
         if self._mirror_to is None:
+            self._mirror_sent = self.clock()
             return self._mirror_full(deputy(self.hierarchy))
         if not (d.mirror_done or d.mirror_results):
-            return []
+            now = self.clock()
+            if now - self._mirror_sent < self.config.lease_min / 4:
+                return []
+            self._mirror_sent = now  # a heartbeat: the deputy watches for the master's silence
+            return [Out(self._mirror_to, Mirror((), (), d.ledger.total, d.ledger.width))]
+        self._mirror_sent = self.clock()
         msg = Mirror(d.mirror_done.ranges(), tuple(d.mirror_results), d.ledger.total, d.ledger.width)
         d.mirror_done, d.mirror_results = RangeSet(), []
         return [Out(self._mirror_to, msg)]

@@ -24,6 +24,7 @@ from typing import Callable
 from ..config import Config
 from ..hierarchy import Hierarchy, Role, build
 from ..plan import Plan
+from ..ranges import RangeSet
 from ..protocol import Ack, Failed, Grant, Holding, Kill, Message, Mirror, Regroup, Report, Result
 from .autoplan import AutoPlanner
 from .dispatch import Master, Region
@@ -210,7 +211,7 @@ class Station(Repair):
         if self.dispatcher is not None:
             outs += self.route(self.dispatcher.tick())
         if self.config.ft:
-            outs += self.lease_kills() + self._mirror_out()
+            outs += self.lease_kills() + self._mirror_out() + self.watch_master()
         return outs
 
     def stop(self) -> list[Out]:
@@ -299,7 +300,7 @@ class Station(Repair):
             if tid == WAIT and (w.queue or w.final):
                 continue  # the grant came back in-process while routing
             if self.config.ft:
-                sends += self._mirror_out()
+                sends += self._mirror_out() + self.watch_master()
             return tid, sends
 
     def fail_task(self, info: str) -> None:
@@ -366,6 +367,8 @@ class Station(Repair):
                 msg = Report(msg.done, msg.results, msg.want, msg.returned, msg.leaving, self.epoch,
                              False, msg.task_mean, msg.msg_time, msg.failed, msg.task_max)
             if out.dest != self.rank:
+                if self.sent_done is not None and isinstance(msg, Report) and msg.done:
+                    self.sent_done.setdefault(out.dest, RangeSet()).add_ranges(msg.done)
                 remote.append(Out(out.dest, msg))
             elif isinstance(msg, Report):
                 assert self.dispatcher is not None
