@@ -51,10 +51,11 @@ def fail(st: Station, ranks: tuple[int, ...], how: str = "ulfm") -> list[Out]:
     ask: set[int] = set()
     if d is not None:
         for x in sorted(new & set(d.children)):
-            leased = d.children[x].leased
-            silent = d.clock() - d.children[x].heard
+            gone = d.children[x]
+            silent = d.clock() - gone.heard
+            why = "lease expired (hung)" if gone.leased else "drained (left, then ended)" if gone.left else how
             held = d.drop_child(x)
-            record = failure_record(x, old, len(held), "lease expired (hung)" if leased else how, st.rank, wall)
+            record = failure_record(x, old, len(held), why, st.rank, wall)
             record["silent_ms"] = round(silent * 1e3, 3)  # since its last message: bounds the detection latency
             if old[x].children:  # a server: its survivors will say what they hold
                 st.recon = st.recon or Reconciliation()

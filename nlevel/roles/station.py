@@ -26,7 +26,7 @@ from ..config import Config
 from ..hierarchy import Hierarchy, Role, build
 from ..plan import Plan
 from ..ranges import RangeSet
-from ..protocol import Ack, Failed, Grant, Holding, Kill, Message, Mirror, Regroup, Report, Result
+from ..protocol import Ack, Drain, Failed, Grant, Holding, Kill, Message, Mirror, Regroup, Report, Result
 from .autoplan import AutoPlanner
 from .dispatch import Master, Region
 from .ledger import Ledger
@@ -79,6 +79,8 @@ class Station:
         # includes those sent to live ranks, so ids on their way up between two survivors are
         # not taken for lost (those sent to a rank that died are lost with it).
         self.sent_done: dict[int, RangeSet] | None = None
+        self.drain_requested = False  # this rank was asked to leave the job
+        self.drained: dict[int, float] = {}  # the master: ranks it asked to leave, and when
         self.rank = rank
         self.size = hierarchy.size
         self.config = config
@@ -167,6 +169,9 @@ class Station:
             return repair.on_holding(self, src, msg)
         if isinstance(msg, Kill):
             return [Out(msg.rank, msg)]  # the runtime kills it (this rank is on the victim's host)
+        if isinstance(msg, Drain):
+            self.drain_requested = True
+            return []
         outs = self._deliver(src, msg)
         if self.config.ft:
             outs += repair.mirror_out(self)
@@ -239,6 +244,41 @@ class Station:
         if not isinstance(self.dispatcher, Master):
             return []
         return self.route(self.dispatcher.stop())
+
+    def drain(self, ranks: list[int] | None = None, count: int | None = None) -> tuple[list[int], list[Out]]:
+        """The master: choose ranks to leave the job (``ranks``, or the ``count`` highest slaves); tell them.
+
+        Raises:
+            ValueError: naming the rank or count that cannot be drained, and why.
+        """
+        h = self.hierarchy
+        computing = [r for r in range(self.size) if h[r].computes and r not in self.drained]
+        if ranks is not None:
+            for r in ranks:
+                if not 0 <= r < self.size:
+                    raise ValueError(f"rank {r} is not in this job (ranks 0..{self.size - 1})")
+                if r in self.failed:
+                    raise ValueError(f"rank {r} has died already")
+                if r in self.drained or not h[r].computes:
+                    raise ValueError(f"rank {r} is not running tasks (drained already, or a serve-only server)")
+            chosen = sorted(set(ranks))
+        else:
+            assert count is not None
+            slaves = [r for r in computing if h[r].role.value == "slave"]
+            if count > len(slaves):
+                raise ValueError(f"count {count} is more than the {len(slaves)} slaves still running tasks")
+            chosen = sorted(slaves[-count:]) if count else []
+        if len(set(computing) - set(chosen)) < 1:
+            raise ValueError(f"draining {chosen} would leave no rank running tasks")
+        now = self.wall()
+        outs: list[Out] = []
+        for r in chosen:
+            self.drained[r] = now
+            if r == self.rank:
+                self.drain_requested = True
+            else:
+                outs.append(Out(r, Drain()))
+        return chosen, outs
 
     @property
     def stopped(self) -> bool:
