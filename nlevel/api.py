@@ -34,7 +34,8 @@ from .errors import ConfigError, NlevelError
 from .hierarchy import Hierarchy, build
 from .node import Node
 from .protocol import Result
-from .report import build_report, merge_stats
+from .report import build_report, merge_stats, timeline
+from .roles.station import TIMELINE_BIN
 
 __all__ = ["Farm", "get_task_id"]
 
@@ -414,6 +415,7 @@ class Farm:
                                 key=lambda f: f["detected_at"]),
             )
             self.report["dead_ranks"] = list(self.failed)
+            self.report["timeline"] = timeline(totals.get("timeline", {}), TIMELINE_BIN)
             self.report["drained"] = [{"rank": r, "requested_at": t0} for r, t0 in sorted(node.station.drained.items())]
             self.report["plan_history"] = [p.to_dict() for p in station.plans]
             self.report["stopped"] = "SIGUSR1" if station.stopped else None

@@ -332,6 +332,7 @@ class Node:
             "requests": {info.level: requests} if requests is not None and requests.total.n else {},
             "unexpected": st.unexpected_before + (d.unexpected if d is not None else 0),
             "failures": list(st.failures),
+            "timeline": {self.rank: dict(st.served_bins)} if st.served_bins else {},
         }
         return row, merged
 

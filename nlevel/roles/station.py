@@ -34,7 +34,10 @@ from . import repair
 from .recovery import Reconciliation
 from .worker import WAIT, Out, Worker
 
-__all__ = ["Station"]
+__all__ = ["Station", "TIMELINE_BIN"]
+
+#: Seconds per bin of the servers' request timeline in the run report.
+TIMELINE_BIN = 0.1
 
 
 class Station:
@@ -80,6 +83,7 @@ class Station:
         # not taken for lost (those sent to a rank that died are lost with it).
         self.sent_done: dict[int, RangeSet] | None = None
         self.drain_requested = False  # this rank was asked to leave the job
+        self.served_bins: dict[int, int] = {}  # wall time // TIMELINE_BIN -> grants sent (a server's timeline)
         self.drained: dict[int, float] = {}  # the master: ranks it asked to leave, and when
         self.rank = rank
         self.size = hierarchy.size
@@ -412,6 +416,8 @@ class Station:
         for out in outs:
             msg = out.msg
             if isinstance(msg, Grant):
+                b = int(self.wall() / TIMELINE_BIN)
+                self.served_bins[b] = self.served_bins.get(b, 0) + 1
                 if msg.epoch != self.epoch:
                     msg = Grant(msg.ids, msg.final, msg.residence, msg.dispose, self.epoch)
                 if (
