@@ -67,6 +67,8 @@ def own_ids(stn) -> RangeSet:
             out.add(tid, tid + 1)
     if stn.recon is not None:
         out.add_ranges(stn.recon.held.ranges())
+    for _, msg in stn._deferred:  # received, not yet handled: lost with it
+        out.add_ranges(_ids_in(msg).ranges())
     return out
 
 
