@@ -145,7 +145,7 @@ def run(size, plan, total, seed, kills, checkpoint_every=50, max_steps=3_000_000
                     notices.setdefault(r, []).append((step + rng.randrange(1, 400), victim))
         for r, lst in notices.items():
             due = [v for s, v in lst if s <= step]
-            if due and r not in dead:
+            if due and r not in dead and not (state.get(r) == "end" and stations[r].done_serving):
                 notices[r] = [(s, v) for s, v in lst if s > step]
                 post(r, stations[r].deliver(-1, Failed(tuple(due))))
                 if state.get(r) == "waiting":
@@ -160,6 +160,8 @@ def run(size, plan, total, seed, kills, checkpoint_every=50, max_steps=3_000_000
         if live and (rng.random() < 0.5 or not runnable):
             src, dest = rng.choice(live)
             msg = channels[(src, dest)].popleft()
+            if state.get(dest) == "end" and stations[dest].done_serving:
+                continue  # its loop is over and it serves nobody: it is in the end's collectives, deaf
             post(dest, stations[dest].deliver(src, msg))
             if dest in state and state[dest] == "waiting":
                 state[dest] = "idle"
