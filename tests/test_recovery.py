@@ -145,7 +145,9 @@ def run(size, plan, total, seed, kills, checkpoint_every=50, max_steps=3_000_000
                     notices.setdefault(r, []).append((step + rng.randrange(1, 400), victim))
         for r, lst in notices.items():
             due = [v for s, v in lst if s <= step]
-            if due and r not in dead and not (state.get(r) == "end" and stations[r].done_serving):
+            if due and state.get(r) == "end" and stations[r].done_serving:
+                notices[r] = [(s, v) for s, v in lst if s > step]  # deaf: in the end's collectives
+            elif due and r not in dead:
                 notices[r] = [(s, v) for s, v in lst if s > step]
                 post(r, stations[r].deliver(-1, Failed(tuple(due))))
                 if state.get(r) == "waiting":
