@@ -145,9 +145,7 @@ def run(size, plan, total, seed, kills, checkpoint_every=50, max_steps=3_000_000
                     notices.setdefault(r, []).append((step + rng.randrange(1, 400), victim))
         for r, lst in notices.items():
             due = [v for s, v in lst if s <= step]
-            if due and state.get(r) == "end" and stations[r].done_serving:
-                notices[r] = [(s, v) for s, v in lst if s > step]  # deaf: in the end's collectives
-            elif due and r not in dead:
+            if due and r not in dead:
                 notices[r] = [(s, v) for s, v in lst if s > step]
                 post(r, stations[r].deliver(-1, Failed(tuple(due))))
                 if state.get(r) == "waiting":
@@ -162,8 +160,6 @@ def run(size, plan, total, seed, kills, checkpoint_every=50, max_steps=3_000_000
         if live and (rng.random() < 0.5 or not runnable):
             src, dest = rng.choice(live)
             msg = channels[(src, dest)].popleft()
-            if state.get(dest) == "end" and stations[dest].done_serving:
-                continue  # its loop is over and it serves nobody: it is in the end's collectives, deaf
             post(dest, stations[dest].deliver(src, msg))
             if dest in state and state[dest] == "waiting":
                 state[dest] = "idle"
@@ -251,7 +247,7 @@ def test_a_new_master_takes_the_deputys_copy():
     new = next(s for s in stations if s.rank not in dead and isinstance(s.dispatcher, Master))
     assert new.rank == 1
     rec = [f for f in new.failures if f["rank"] == 0][0]
-    assert rec["role"] == "master" and rec["ledger_from"] == "deputy's copy"
+    assert rec["role"] == "master" and rec["ledger_from"].startswith("deputy's copy")
 
 
 @settings(max_examples=40, deadline=None)

@@ -163,6 +163,12 @@ def _take_over(st: Station, old: Hierarchy, nh: Hierarchy, wall: float, how: str
             raise RuntimeError(f"rank {st.rank} must take over as master but has no ledger to start from")
         ledger = st.recover()
         source = "checkpoint"
+    elif st.recover is not None and not ledger.complete():
+        # The copy may lack the last commits (a message lost with the master); the checkpoint
+        # file may have them (the master writes it before releasing anyone).
+        disk = st.recover()
+        ledger.commit(disk.committed.ranges(), zip(disk.result_ids.tolist(), _rows(disk)))
+        source = "deputy's copy + checkpoint"
     st.ledger = ledger
     st.mirror = None
     record = failure_record(old.master, old, len(ledger.remaining()), how, st.rank, wall)
