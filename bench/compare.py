@@ -11,7 +11,7 @@ Measures, at the launch's process count:
 * with ``--sweep``: short nlevel runs at one id per request (``chunk=1``, ``threshold=0.99``
   so the plan stays classic unless rho > 1) over a range of task times, keeping each run's
   decisions (measured rho, mu, the model's T_wait) and its measured wait: the notebook's
-  "T_wait vs rho" data.
+  "T_wait vs rho" data (from 4 processes: below that the planner decides nothing).
 
 Systems: nlevel with its defaults (levels auto, master computes), nlevel fixed at 2 and
 at 3 levels (from 3 processes), and bench/classic.py with a serve-only master (the usual
@@ -200,7 +200,8 @@ def main() -> int:
                 r = fn(total, job)
                 r.update(tasks=total, tasks_per_s=total / r["wall_s"], overhead=1.0 - r["busy_s"] / (size * r["wall_s"]))
                 raw[wname][sname].append(r)
-    sweep_rows = sweep(size, max(args.tasks_per_proc, 50)) if args.sweep else []
+    # Below 4 processes no hierarchy fits, so the planner makes no decisions: nothing to sweep.
+    sweep_rows = sweep(size, max(args.tasks_per_proc, 50)) if args.sweep and size >= 4 else []
 
     if comm.rank == 0:
         over = size > cores
