@@ -161,7 +161,25 @@ def run_reliability(n: int, c: dict[str, int], workdir: str, timeout: float) -> 
         if ok:
             med[name] = {k: statistics.median(r[k] for r in ok) for k in ("wall_s", "overhead", "checkpoint_bytes_per_task")
                          if k in ok[0]}
-    return {"procs": n, "tasks": tasks, "oversubscribed": n > cores(), "median": med, "runs": runs}
+    return {"procs": n, "tasks": tasks, "oversubscribed": n > cores(), "median": med, "runs": runs,
+            "checkpoint_bytes_per_task_at_1e5": checkpoint_bytes_per_task(10**5, workdir)}
+
+
+def checkpoint_bytes_per_task(total: int, workdir: str) -> float:
+    """Bytes per task of a checkpoint holding ``total`` completed tasks with one result each.
+
+    The runs above are small, so their files are mostly HDF5's fixed size; this is the
+    cost per task at scale (bench/checkpoint_io.py's record, written by nlevel.checkpoint).
+    """
+    import checkpoint_io
+    from nlevel import checkpoint as ck
+
+    path = os.path.join(workdir, "per-task.h5")
+    meta = ck.RunMeta(total, *ck.fingerprint("bench", {"case": "per-task"}), "{}", "bench")
+    ck.write(path, meta, checkpoint_io.case(1, total, total))
+    size = os.path.getsize(path)
+    os.unlink(path)
+    return size / total
 
 
 def machine() -> dict[str, Any]:
@@ -255,6 +273,9 @@ def rows(data: dict[str, Any]) -> list[list[str]]:
         bpt = f"; {m['checkpoint_bytes_per_task']:.1f} B/task" if "checkpoint_bytes_per_task" in m else ""
         out.append(["3 reliability, wall", _n(rel["procs"]), f"nlevel.run, {name}",
                     f"{m['wall_s']:.3f} s{bpt}", _x(m["wall_s"], plain), "plain"])
+    if rel.get("checkpoint_bytes_per_task_at_1e5"):
+        out.append(["3 checkpoint size", "-", "10^5 tasks with one result each",
+                    f"{rel['checkpoint_bytes_per_task_at_1e5']:.1f} B/task", "", ""])
     for r in data.get("memory", []):
         out.append(["4 memory, peak", "-", f"{r['levels']} levels, total {r['total']:.0e} ids",
                     f"{r['peak_mib']:.2f} MiB; {r['record_ranges']} ranges", "", ""])
@@ -306,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="sections to run, comma-separated from dispatch (items 1-2), reliability, memory")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per MPI launch (default 1800)")
     p.add_argument("--json", default=os.path.join(HERE, "results", "suite.json"), help="where to write the results")
+    p.add_argument("--notebook", action="store_true",
+                   help="then execute notebooks/overhead.ipynb on this JSON, writing notebooks/figures/*.png")
     for k in COUNTS:
         p.add_argument(f"--{k.replace('_', '-')}", type=int, help=f"override (full {COUNTS[k][0]}, quick {COUNTS[k][1]})")
     args = p.parse_args(argv)
@@ -368,7 +391,22 @@ def main(argv: list[str] | None = None) -> int:
             f.write("\n")
         print(f"wrote {args.json} ({data['seconds']:.0f} s)")
     failed = [r for r in [*data["compare"].values(), *data["futures"].values()] if r.get("returncode") != 0]
+    if args.notebook and args.json:
+        run_notebook(args.json)
     return 1 if failed else 0
+
+
+def run_notebook(suite_json: str) -> None:
+    """Execute notebooks/overhead.ipynb on ``suite_json``; it saves its figures to notebooks/figures/."""
+    import nbclient
+    import nbformat
+
+    path = os.path.join(ROOT, "notebooks", "overhead.ipynb")
+    os.environ["NLEVEL_BENCH_SUITE"] = os.path.abspath(suite_json)  # the kernel inherits it
+    nb = nbformat.read(path, as_version=4)
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": os.path.dirname(path)}}).execute()
+    print(f"executed {os.path.relpath(path, ROOT)}: figures in notebooks/figures/")
 
 
 if __name__ == "__main__":
