@@ -22,7 +22,8 @@ on whatever calibration the machine holds):
 Plans: ``classic`` (2 levels, one id per request) and ``auto`` (the queueing model's
 choice, as nlevel makes it). 100 tasks per process, as in the paper.
 
-    .venv/bin/python bench/sim_points.py [--max-procs 8192] [--json bench/results/sim_points.json]
+    .venv/bin/python bench/sim_points.py [--max-procs 8192] [--procs 32768] [--workloads paper,paper-long]
+        [--json bench/results/sim_points.json]
 
 Cost: one core, about 10 s per 1,024 processes per point (about 5 min for one point at
 32,768).
@@ -78,6 +79,7 @@ def simulate_point(workload: str, plan: str, procs: int, tasks_per_proc: int, ti
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--max-procs", type=int, default=8192, help="largest process count to simulate (default 8192)")
+    p.add_argument("--procs", help="only these process counts, comma-separated (default: every count of each workload)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {', '.join(WORKLOADS)}")
     p.add_argument("--tasks-per-proc", type=int, default=100, help="tasks per process (default 100, as in the paper)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per point (default 1800)")
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                        "python": platform.python_version()}
     todo = [
         (w, plan, n) for w in options.workloads.split(",") for n in WORKLOADS[w]["procs"] for plan in PLANS
-        if n <= options.max_procs
+        if n <= options.max_procs and (options.procs is None or str(n) in options.procs.split(","))
     ]
     todo.sort(key=lambda t: t[2])  # small first: a short run still covers every curve
     for w, plan, n in todo:
