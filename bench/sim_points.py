@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         point = simulate_point(w, plan, n, options.tasks_per_proc, options.timeout)
         point["tasks_per_proc"] = options.tasks_per_proc
         data["points"][k] = point
+        if os.path.exists(options.json):  # another run may have added points meanwhile: keep them
+            with open(options.json) as f:
+                data["points"] = {**json.load(f)["points"], **data["points"]}
         print(f"{k:28} overhead {100 * point['overhead']:7.2f} %  plan {point['plan']['levels']} levels "
               f"{point['plan']['regions']}  ({point['wall_seconds']:.0f} s)", flush=True)
         tmp = options.json + ".tmp"
