@@ -197,7 +197,7 @@ def machine() -> dict[str, Any]:
         from mpi4py import MPI
 
         info["mpi4py"] = mpi4py.__version__
-        info["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
+        info["mpi"] = MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()  # may end in a NUL
     except Exception as exc:  # the table still says what ran
         info["mpi"] = f"unknown ({exc})"
     import nlevel
