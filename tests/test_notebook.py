@@ -3,9 +3,10 @@
 ``bench/suite.py --quick`` runs on 2 processes with tiny counts (items 1, 2 and 4; the
 reliability item launches four more jobs and is left to the real suite), then
 ``notebooks/overhead.ipynb`` is executed with nbclient against that JSON plus the saved
-``bench/results/sim_points.json``: once without a failure run (the cell must say so and
-draw nothing), once with a small synthetic report in the failure-run format (the cell
-must draw it). Figures go to a temporary directory, not notebooks/figures/.
+``bench/results/sim_points.json``: whole, with a small synthetic report in the
+failure-run format (every figure must be drawn), and its data and failure-run cells
+only, without a failure run (the cell must say so and draw nothing). Figures go to a
+temporary directory, not notebooks/figures/.
 """
 
 from __future__ import annotations
@@ -29,12 +30,18 @@ NOTEBOOK = Path(ROOT) / "notebooks" / "overhead.ipynb"
 FIGURES = ("overhead_vs_procs", "twait_vs_rho", "plan_vs_procs_task_time")
 
 
-def execute(env: dict[str, str]) -> str:
-    """Execute the notebook with ``env`` set; return the text of every output (errors fail the test)."""
+def execute(env: dict[str, str], only_setup_and_last: bool = False) -> str:
+    """Execute the notebook with ``env`` set; return the text of every output (errors fail the test).
+
+    ``only_setup_and_last`` runs just the first code cell (paths, data) and the last (the failure run).
+    """
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits this process's environment
     try:
         nb = nbformat.read(NOTEBOOK, as_version=4)
+        if only_setup_and_last:
+            code = [c for c in nb.cells if c.cell_type == "code"]
+            nb.cells = [code[0], code[-1]]
         nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
                                 resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
     finally:
@@ -79,15 +86,13 @@ def test_suite_json(suite_json: Path) -> None:
 @pytest.mark.timeout(300)
 def test_notebook_without_failure_run(suite_json: Path, tmp_path: Path) -> None:
     text = execute({"NLEVEL_BENCH_SUITE": str(suite_json), "NLEVEL_FIGURES": str(tmp_path),
-                    "NLEVEL_FAILURE_RUN": str(tmp_path / "no-such-run.json")})
-    for name in FIGURES:
-        assert (tmp_path / f"{name}.png").stat().st_size > 10_000, name
+                    "NLEVEL_FAILURE_RUN": str(tmp_path / "no-such-run.json")}, only_setup_and_last=True)
     assert "failure run has not been recorded" in text
     assert not (tmp_path / "failure_timeline.png").exists()
 
 
 @pytest.mark.timeout(300)
-def test_notebook_draws_a_failure_run(suite_json: Path, tmp_path: Path) -> None:
+def test_notebook_draws_every_figure(suite_json: Path, tmp_path: Path) -> None:
     # The format the failure run's report will have (lead's issue-6 brief); the numbers are made up for the test only.
     t0 = 1_800_000_000.0
     report = {"size": 7, "timeline": {"bin_s": 0.5, "t0": t0, "served": {"0": [5, 6, 6, 9, 9], "4": [4, 5, 0, 0, 0]}},
@@ -97,4 +102,5 @@ def test_notebook_draws_a_failure_run(suite_json: Path, tmp_path: Path) -> None:
     text = execute({"NLEVEL_BENCH_SUITE": str(suite_json), "NLEVEL_FIGURES": str(tmp_path),
                     "NLEVEL_FAILURE_RUN": str(failure)})
     assert "has not been recorded" not in text
-    assert (tmp_path / "failure_timeline.png").stat().st_size > 10_000
+    for name in (*FIGURES, "failure_timeline"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 10_000, name
