@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     data["targets"] = targets(data)
     m = data["machine"]
     print(f"nlevel benchmark suite{' (QUICK: small counts, one run each; noisy)' if args.quick else ''}: "
-          f"{m['cores']} cores ({m['cpu']}), {m.get('mpi', '')}, load {os.getloadavg()[0]:.1f}; "
+          f"{m['cores']} cores ({m['cpu']}), {m.get('mpi', '').split(',')[0]}, load {os.getloadavg()[0]:.1f}; "
           f"median of {c['repeat']}")
     print(format_table(data["table"]))
     print(f"* oversubscribed (N > {cores()} cores): ranks share cores; non-busy polling is on. "
