@@ -29,6 +29,7 @@ class Role(str, Enum):
     MASTER = "master"
     REGION = "region-master"
     SLAVE = "slave"
+    DEAD = "dead"
 
 
 @dataclass(frozen=True)
@@ -57,17 +58,20 @@ class Node:
 class Hierarchy:
     """The whole tree for ``size`` ranks under ``plan``; ``nodes[r]`` describes rank ``r``."""
 
-    def __init__(self, size: int, plan: Plan, nodes: list[Node]) -> None:
+    def __init__(self, size: int, plan: Plan, nodes: list[Node], failed: frozenset[int] = frozenset()) -> None:
         self.size = size
         self.plan = plan
         self.nodes = nodes
+        self.failed = failed
+        #: The master's rank: the lowest surviving rank.
+        self.master = next((n.rank for n in nodes if n.role is Role.MASTER), 0)
 
     def __getitem__(self, rank: int) -> Node:
         return self.nodes[rank]
 
     def servers(self) -> list[Node]:
         """Return the master and region-masters, master first."""
-        return [n for n in self.nodes if n.role is not Role.SLAVE]
+        return [n for n in self.nodes if n.role in (Role.MASTER, Role.REGION)]
 
     def workers(self) -> int:
         """Return how many ranks run tasks."""
@@ -77,14 +81,15 @@ class Hierarchy:
         """Return counts per role and level, for the report and the progress line."""
         per_level: dict[int, int] = {}
         for n in self.nodes:
-            per_level[n.level] = per_level.get(n.level, 0) + 1
+            if n.role is not Role.DEAD:
+                per_level[n.level] = per_level.get(n.level, 0) + 1
         return {
             "size": self.size,
             "levels": self.plan.levels,
             "region_masters": sum(1 for n in self.nodes if n.role is Role.REGION),
             "workers": self.workers(),
             "ranks_per_level": [per_level.get(k, 0) for k in range(self.plan.levels)],
-            "master_children": len(self.nodes[0].children),
+            "master_children": len(self.nodes[self.master].children),
         }
 
 
@@ -101,8 +106,12 @@ def _split(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def build(size: int, plan: Plan) -> Hierarchy:
-    """Return the hierarchy of ``plan`` over ranks ``0 .. size - 1``.
+def build(size: int, plan: Plan, failed: frozenset[int] = frozenset()) -> Hierarchy:
+    """Return the hierarchy of ``plan`` over ranks ``0 .. size - 1``, without the ``failed`` ranks.
+
+    Blocks are the same whoever died; each block is led by its lowest surviving rank
+    (the region's deterministic election: no vote, every rank computes the same answer).
+    A failed rank gets role ``DEAD``, no parent and no children.
 
     Raises:
         PlanError: when the plan does not fit ``size`` ranks.
@@ -112,24 +121,35 @@ def build(size: int, plan: Plan) -> Hierarchy:
     parent: list[int | None] = [None] * size
     level = [last] * size
     children: list[list[int]] = [[] for _ in range(size)]
-    level[0] = 0
+
+    def leader(lo: int, hi: int) -> int | None:
+        return next((r for r in range(lo, hi) if r not in failed), None)
 
     def lay(lo: int, hi: int, depth: int) -> None:
-        # Rank `lo` leads [lo, hi) from `depth` down.
+        # The leader of [lo, hi) leads it from `depth` down.
+        lead = leader(lo, hi)
+        if lead is None:
+            return
         if depth == last - 1:
-            for r in range(lo + 1, hi):
-                parent[r] = lo
-                children[lo].append(r)
+            for r in range(lead + 1, hi):
+                if r not in failed:
+                    parent[r] = lead
+                    children[lead].append(r)
             return
         blocks = _split(lo, hi, plan.regions[depth])
-        for sub_lo, sub_hi in blocks[1:]:
-            parent[sub_lo] = lo
-            level[sub_lo] = depth + 1
-            children[lo].append(sub_lo)
+        for sub_lo, sub_hi in blocks:
+            sub = leader(sub_lo, sub_hi)
+            if sub is not None and sub != lead:
+                parent[sub] = lead
+                level[sub] = depth + 1
+                children[lead].append(sub)
         for sub_lo, sub_hi in blocks:
             lay(sub_lo, sub_hi, depth + 1)
 
     lay(0, size, 0)
+    top = leader(0, size)
+    if top is not None:
+        level[top] = 0
 
     def serves_only(r: int) -> bool:
         if not children[r]:
@@ -138,16 +158,18 @@ def build(size: int, plan: Plan) -> Hierarchy:
             return True
         return plan.serve_only == "master" and r == 0
 
-    computes = [not serves_only(r) for r in range(size)]
+    computes = [not serves_only(r) and r not in failed for r in range(size)]
     weight = [1 if c else 0 for c in computes]
     # Children always have larger ranks than their parent: sum weights bottom-up.
-    for r in range(size - 1, 0, -1):
+    for r in range(size - 1, -1, -1):
         p = parent[r]
-        assert p is not None
-        weight[p] += weight[r]
+        if p is not None:
+            weight[p] += weight[r]
 
     def role(r: int) -> Role:
-        if r == 0:
+        if r in failed:
+            return Role.DEAD
+        if r == top:
             return Role.MASTER
         return Role.REGION if children[r] else Role.SLAVE
 
@@ -163,4 +185,4 @@ def build(size: int, plan: Plan) -> Hierarchy:
         )
         for r in range(size)
     ]
-    return Hierarchy(size, plan, nodes)
+    return Hierarchy(size, plan, nodes, frozenset(failed))

@@ -1,4 +1,5 @@
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from nlevel.errors import PlanError
 from nlevel.hierarchy import Role, build
@@ -103,3 +104,49 @@ def test_default_regions_fit(size, levels):
 def test_plan_round_trips_through_dict():
     p = Plan(4, (3, 2), 3.0, 8, "all", "why not")
     assert Plan.from_dict(p.to_dict()) == p
+
+
+# -- failed ranks: each block is led by its lowest surviving rank --------------------------
+def test_failed_region_master_is_replaced_by_the_lowest_survivor_of_its_region():
+    h = build(7, Plan(levels=3, regions=(2,)), failed=frozenset({4}))
+    assert h[4].role is Role.DEAD and h[4].parent is None and h[4].children == ()
+    assert h[5].role is Role.REGION and h[5].parent == 0 and h[5].children == (6,)
+    assert h[0].children == (5, 1, 2, 3)
+
+
+def test_failed_master_is_replaced_by_the_lowest_survivor():
+    h = build(7, Plan(levels=3, regions=(2,)), failed=frozenset({0}))
+    assert h.master == 1 and h[1].role is Role.MASTER and h[1].level == 0 and h[1].parent is None
+    assert h[1].children == (4, 2, 3) and h[4].parent == 1 and h[4].children == (5, 6)
+
+
+def test_a_whole_dead_first_block_hands_the_world_to_the_next_leader():
+    h = build(7, Plan(levels=3, regions=(2,)), failed=frozenset({0, 1, 2, 3}))
+    assert h.master == 4 and h[4].role is Role.MASTER and h[4].children == (5, 6)
+    assert h.summary()["ranks_per_level"] == [1, 0, 2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 60), st.sampled_from([(2, ()), (3, (2,)), (3, (3,)), (4, (2, 2))]), st.data())
+def test_failures_keep_a_tree_over_exactly_the_survivors(size, shape, data):
+    levels, regions = shape
+    plan = Plan(levels=levels, regions=regions)
+    try:
+        build(size, plan)
+    except PlanError:
+        return
+    failed = frozenset(data.draw(st.sets(st.integers(0, size - 1), max_size=size - 1)))
+    h = build(size, plan, failed)
+    alive = [r for r in range(size) if r not in failed]
+    assert h.master == alive[0]
+    for r in alive:  # every survivor reaches the master, through survivors only
+        seen, x = set(), r
+        while h[x].parent is not None:
+            assert h[x].parent not in failed and x not in seen
+            seen.add(x)
+            assert x in h[h[x].parent].children
+            x = h[x].parent
+        assert x == h.master
+    assert h[h.master].weight == sum(1 for r in alive if h[r].computes)
+    for r in failed:
+        assert h[r].role is Role.DEAD and not h[r].computes

@@ -203,6 +203,20 @@ class Master(Dispatcher):
         # Ids granted under an earlier plan and not yet committed or given back: the job
         # is not finished while any is left (see Station.switch).
         self.carried = RangeSet()
+        self.stopped = False  # asked to stop early: nothing more is granted
+        self.aside = RangeSet()  # ids not granted because of the stop
+
+    def stop(self) -> list[Out]:
+        """Grant nothing more: running work finishes, then every child gets its final grant."""
+        self._step_start = now = self.clock()
+        if not self.stopped:
+            self.stopped = True
+            self.aside.add_ranges(self.queue.ranges())
+            self.queue = RangeSet()
+        return self._serve(now) + self._upkeep(now)
+
+    def _take_back(self, start: int, stop: int) -> None:
+        (self.aside if self.stopped else self.queue).add(start, stop)
 
     def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
         self.ledger.commit(done, results)
@@ -216,7 +230,7 @@ class Master(Dispatcher):
             self._accept_done(done, results, now)
         for a, b in returned:
             self.carried.remove(a, b)
-            self.queue.add(a, b)
+            self._take_back(a, b)
         return self._serve(now) + self._upkeep(now)
 
     def _exhausted(self) -> bool:

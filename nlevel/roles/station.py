@@ -182,6 +182,17 @@ class Station:
             outs += self.route(self.dispatcher.tick())
         return outs
 
+    def stop(self) -> list[Out]:
+        """The master: stop granting (SIGUSR1); running tasks finish, then everyone is released."""
+        if not isinstance(self.dispatcher, Master):
+            return []
+        return self.route(self.dispatcher.stop())
+
+    @property
+    def stopped(self) -> bool:
+        """Whether this rank, as master, stopped the job early."""
+        return isinstance(self.dispatcher, Master) and self.dispatcher.stopped
+
     # -- changing plans ---------------------------------------------------------------------
     def switch(self, plan: Plan) -> list[Out]:
         """Rank 0: move the whole job to ``plan``; return the Regroup messages to send."""
