@@ -162,6 +162,22 @@ def test_plain_run_commits_every_task_once_then_resubmission_resumes(tmp_path, j
     assert json.loads((tmp_path / "r.json").read_text())["resumed_from_checkpoint"] == 2000
 
 
+@pytest.mark.timeout(180)
+def test_system_mpi_script_launches_with_srun_pmix(tmp_path, job_env):
+    """srun --mpi=pmix direct launch, as with a site's MPI (here the wheel's Open MPI; no module)."""
+    logs = job_env["NLEVEL_TEST_LOG_DIR"]
+    # The wheel's PMIx lacks the gds/psec components Slurm names: use ones it has.
+    env = {**job_env, "MPI_MODULE": "", "LAUNCH": "srun", "PMIX_MCA_gds": "hash", "PMIX_MCA_psec": "native"}
+    job = sbatch("system-mpi.sbatch", [APP, "--n", "1000", "--report", "r.json"], tmp_path, env)
+    info = wait_job(job, job_env, 150)
+    out = output(tmp_path, job)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), out
+    assert "srun with Open MPI" in out  # the script names the MPI library mpi4py loaded
+    assert sorted(all_runs(logs)) == list(range(1000))
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["size"] == 4 and report["complete"]  # one world of 4 ranks, not 4 singletons
+
+
 @pytest.mark.timeout(420)
 def test_time_limit_stops_requeues_and_the_next_run_resumes_without_rerunning(tmp_path, job_env):
     """A 1-minute limit with USR1 30 s before it (Slurm may send it up to 60 s early).
@@ -270,6 +286,8 @@ def test_fault_tolerant_run_survives_a_killed_rank(tmp_path, job_env):
     ("run.sbatch", [APP], {"CHECKPOINT": "/nonexistent/dir/run.h5"}, "directory /nonexistent/dir does not exist"),
     ("resume.sbatch", [APP], {"MAX_RESTARTS": "x"}, "MAX_RESTARTS must be a whole number, got 'x'"),
     ("ft.sbatch", [APP], {"MPIRUN": "no-such-mpirun"}, "MPIRUN 'no-such-mpirun' not found"),
+    ("system-mpi.sbatch", [APP], {"MPI_MODULE": "openmpi"}, "MPI_MODULE 'openmpi' given but there is no 'module' command"),
+    ("system-mpi.sbatch", [APP], {"MPI_MODULE": "", "LAUNCH": "aprun"}, "LAUNCH must be srun or mpirun, got 'aprun'"),
 ])
 def test_bad_input_fails_the_job_with_one_clear_line(tmp_path, job_env, script, args, knobs, message):
     job = sbatch(script, args, tmp_path, {**job_env, **knobs})
