@@ -5,6 +5,9 @@ already run, and stops what it started at the end. Where Slurm cannot be started
 root, no apt-get, no network to the package index) the tests that need it are skipped
 with the reason; ``NLEVEL_REQUIRE_SLURM=1`` turns that skip into a failure (CI).
 
+Timeouts bound each test's body (``func_only``): the fixture's start, which on a fresh
+machine installs the packages, is bounded by its own (900 s).
+
 The host has 2 cores, so jobs ask for 4 tasks with ``--overcommit`` and the job
 environment turns off core binding; the scripts themselves carry no such setting.
 """
@@ -143,7 +146,7 @@ def all_runs(log_dir) -> list[int]:
     return [i for ids in executions(log_dir).values() for i in ids]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(240, func_only=True)
 def test_plain_run_commits_every_task_once_then_resubmission_resumes(tmp_path, job_env):
     logs = job_env["NLEVEL_TEST_LOG_DIR"]
     args = [APP, "--n", "2000", "--report", "r.json"]
@@ -162,7 +165,7 @@ def test_plain_run_commits_every_task_once_then_resubmission_resumes(tmp_path, j
     assert json.loads((tmp_path / "r.json").read_text())["resumed_from_checkpoint"] == 2000
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(180, func_only=True)
 def test_system_mpi_script_launches_with_srun_pmix(tmp_path, job_env):
     """srun --mpi=pmix direct launch, as with a site's MPI (here the wheel's Open MPI; no module)."""
     logs = job_env["NLEVEL_TEST_LOG_DIR"]
@@ -178,7 +181,7 @@ def test_system_mpi_script_launches_with_srun_pmix(tmp_path, job_env):
     assert report["size"] == 4 and report["complete"]  # one world of 4 ranks, not 4 singletons
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(420, func_only=True)
 def test_time_limit_stops_requeues_and_the_next_run_resumes_without_rerunning(tmp_path, job_env):
     """A 1-minute limit with USR1 30 s before it (Slurm may send it up to 60 s early).
 
@@ -239,7 +242,7 @@ def pids_with_env(*markers: str) -> list[int]:
     return found
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(300, func_only=True)
 def test_fault_tolerant_run_survives_a_killed_rank(tmp_path, job_env):
     logs = job_env["NLEVEL_TEST_LOG_DIR"]
     n = 2000
@@ -278,7 +281,7 @@ def test_fault_tolerant_run_survives_a_killed_rank(tmp_path, job_env):
     assert report["complete"] and len(report["failures"]) == 1, report["failures"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120, func_only=True)
 @pytest.mark.parametrize("script,args,knobs,message", [
     ("run.sbatch", ["missing_app.py"], {}, "APP 'missing_app.py' not found"),
     ("run.sbatch", ["no.such.module"], {}, "APP 'no.such.module' is neither a .py file nor an importable module"),
