@@ -181,7 +181,7 @@ def test_system_mpi_script_launches_with_srun_pmix(tmp_path, job_env):
     assert report["size"] == 4 and report["complete"]  # one world of 4 ranks, not 4 singletons
 
 
-@pytest.mark.timeout(420, func_only=True)
+@pytest.mark.timeout(600, func_only=True)
 def test_time_limit_stops_requeues_and_the_next_run_resumes_without_rerunning(tmp_path, job_env):
     """A 1-minute limit with USR1 30 s before it (Slurm may send it up to 60 s early).
 
@@ -204,7 +204,7 @@ def test_time_limit_stops_requeues_and_the_next_run_resumes_without_rerunning(tm
             os.mkdir(logs)
             runs.append((all_runs(saved), completed_ids(ckpt_path) if ckpt_path.exists() else set()))
 
-    info = wait_job(job, env, 360, on_poll=end_of_run)
+    info = wait_job(job, env, 540, on_poll=end_of_run)
     out = output(tmp_path, job)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), out
     runs.append((all_runs(logs), completed_ids(ckpt_path)))
@@ -212,7 +212,7 @@ def test_time_limit_stops_requeues_and_the_next_run_resumes_without_rerunning(tm
     assert restarts >= 1, f"the job never hit its time limit:\n{out}"
     assert len(runs) == restarts + 1, out
     clean = out.count("stopped before the time limit, checkpoint written; requeueing")
-    early = out.count("USR1 came while the job was starting")
+    early = out.count("a rank died of USR1 while starting or ending")
     assert clean >= 1 and clean + early == restarts, out
     committed: set[int] = set()
     for k, (ran, at_end) in enumerate(runs):
