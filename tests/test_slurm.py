@@ -278,7 +278,8 @@ def test_fault_tolerant_run_survives_a_killed_rank(tmp_path, job_env):
     assert max(survivors.values()) == 1, "a task ran twice on surviving ranks"
     assert set(i for i, c in everywhere.items() if c > 1) <= set(runs.get(victim_rank, []))
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["complete"] and len(report["failures"]) == 1, report["failures"]
+    assert report["complete"] and [f["rank"] for f in report["failures"]] == [victim_rank], report["failures"]
+    assert "survived 1 process failure(s): rank 2" in out
 
 
 @pytest.mark.timeout(120, func_only=True)
