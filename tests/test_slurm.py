@@ -310,3 +310,44 @@ def test_scripts_refuse_to_run_outside_a_slurm_job(script):
     assert proc.returncode == 2
     assert proc.stderr.startswith("nlevel-slurm: error: not inside a Slurm job; submit with: sbatch"), proc.stderr
     assert len(proc.stderr.splitlines()) == 1
+
+
+@pytest.mark.timeout(60)
+def test_resume_script_forwards_usr1_to_the_launcher_and_requeues_on_75(tmp_path):
+    """The shell side of resume.sbatch, with a stand-in mpirun: no Slurm needed."""
+    started = tmp_path / "started"
+    fake = tmp_path / "fake-mpirun"
+    fake.write_text(
+        "#!/bin/bash\n"
+        f'echo "launched: $*" > {started}\n'
+        "sleep 30 & trap 'echo \"launcher got USR1\"; kill $!; exit 75' USR1\n"
+        "wait\n"
+    )
+    fake.chmod(0o755)
+    # A stand-in scontrol that refuses the requeue (as a site with JobRequeue=0 does).
+    (tmp_path / "bin").mkdir()
+    requeued = tmp_path / "requeued"
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.write_text(f'#!/bin/bash\necho "$*" > {requeued}\nexit 1\n')
+    scontrol.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    env.update(SLURM_JOB_ID="4242", SLURM_NTASKS="4", SLURM_JOB_NODELIST="node1", VENV=os.path.dirname(BIN),
+               MPIRUN=str(fake), PATH=str(tmp_path / "bin") + os.pathsep + env["PATH"])
+    proc = subprocess.Popen(["bash", os.path.join(SCRIPTS, "resume.sbatch"), APP, "--n", "10"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert started.exists(), proc.communicate(timeout=10)
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert started.read_text().strip() == f"launched: python -m nlevel.run --checkpoint nlevel.h5 {APP} --n 10"
+    assert "launcher got USR1" in out
+    assert "stopped before the time limit, checkpoint written; requeueing job 4242" in out
+    assert requeued.read_text().strip() == "requeue 4242"
+    assert err.strip().splitlines()[-1] == "nlevel-slurm: error: scontrol requeue failed; resubmit this script to resume"
+    assert proc.returncode == 75
