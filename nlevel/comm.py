@@ -190,6 +190,13 @@ class Transport:
         t._sends, t._status, t.ft, t.failed, t.places = [], MPI.Status(), True, set(), []
         return t
 
+    def idle_barrier(self) -> None:
+        """A barrier that waits asleep (backing off to 50 ms), so early finishers leave the cores to the others."""
+        req = self.comm.Ibarrier()
+        backoff = Backoff(0.05)
+        while not req.Test():
+            backoff.wait()
+
     def agree(self, flag: bool = True) -> bool:
         """Fault-tolerant agreement: the AND of ``flag`` over the live ranks (ULFM)."""
         return bool(self.comm.Agree(int(flag)))

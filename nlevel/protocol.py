@@ -34,10 +34,13 @@ Failures (fault-tolerant runs, see :mod:`nlevel.roles.recovery`):
 
 * ``Failed(ranks)`` is not sent: the transport hands it to its own rank when MPI reports
   dead processes. Every rank then lays out the same hierarchy without them.
-* C -> reconciler (and C -> its new parent) ``Holding(held)``: C's parent died; these are
-  the ids C and its subtree hold (queued, running, finished but not yet reported).
+* reconciler -> C ``Holding(ask=True)``, C -> reconciler ``Holding(held)``: a server above
+  C died; these are the ids C and its subtree hold (queued, running, finished but not
+  yet reported). C also sends its Holding unasked to its new parent when its parent died.
 * master -> deputy ``Mirror(done, results, total, width, full)``: a copy of every commit,
   so the deputy can take over the ledger if the master dies.
+* master -> a rank ``Drain()``: an operator gives this rank's core back; it finishes its
+  task, returns its queue (a leaving Report) and leaves the job.
 * ``Kill(rank)``: a lease expired (a hung process); the rank on the victim's host kills it,
   and MPI then reports it dead like any other failure.
 """
@@ -51,7 +54,7 @@ from typing import Any, ClassVar, Union
 from .ranges import Ranges
 
 __all__ = [
-    "Tag", "Report", "Grant", "Regroup", "Ack", "Holding", "Mirror", "Kill", "Failed", "Message", "Result",
+    "Tag", "Report", "Grant", "Regroup", "Ack", "Holding", "Mirror", "Kill", "Failed", "Drain", "Message", "Result",
     "encode", "decode",
 ]
 
@@ -70,6 +73,7 @@ class Tag(IntEnum):
     MIRROR = 16
     KILL = 17
     FAILED = 18  # local only, never on the wire
+    DRAIN = 19
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,7 @@ class Holding:
     TAG: ClassVar[Tag] = Tag.HOLDING
     held: Ranges = ()
     failed: tuple[int, ...] = ()  # the dead ranks the sender knows of (the receiver waits until it does too)
+    ask: bool = False  # a reconciler asks: "tell me what you hold" (the answer is a Holding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,9 +162,17 @@ class Failed:
     how: str = "ulfm"
 
 
-Message = Union[Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed]
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Master to a rank: finish the current task, give back the rest, and leave the job (an operator's drain)."""
 
-_CLASSES = (Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed)
+    TAG: ClassVar[Tag] = Tag.DRAIN
+    why: str = "drained by the operator"
+
+
+Message = Union[Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed, Drain]
+
+_CLASSES = (Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed, Drain)
 _BY_TAG: dict[int, Any] = {cls.TAG: cls for cls in _CLASSES}
 _FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in _CLASSES}
 

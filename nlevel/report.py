@@ -37,6 +37,20 @@ def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "requests": requests,
         "unexpected": a["unexpected"] + b["unexpected"],
         "failures": a.get("failures", []) + b.get("failures", []),
+        "timeline": {**a.get("timeline", {}), **b.get("timeline", {})},
+    }
+
+
+def timeline(per_rank: dict[int, dict[int, int]], bin_s: float) -> dict[str, Any]:
+    """The servers' requests served per time bin, as the report stores it (``t0``: wall time of bin 0)."""
+    if not per_rank:
+        return {"bin_s": bin_s, "t0": None, "served": {}}
+    first = min(min(bins) for bins in per_rank.values())
+    last = max(max(bins) for bins in per_rank.values())
+    return {
+        "bin_s": bin_s,
+        "t0": first * bin_s,
+        "served": {str(r): [bins.get(b, 0) for b in range(first, last + 1)] for r, bins in sorted(per_rank.items())},
     }
 
 
@@ -168,8 +182,8 @@ def format_summary(report: dict[str, Any]) -> str:
             for f in report["failures"][:5]) + (" ..." if len(report["failures"]) > 5 else ""))
     if report.get("failed_tasks"):
         first = report["failed_tasks"][0]
-        lines.append(f"  {len(report['failed_tasks'])} task(s) failed; first: task {first['id']}: "
-                     f"{first['error'].strip().splitlines()[-1] if first['error'].strip() else '?'}")
+        lines.append(f"  {len(report['failed_tasks'])} task(s) failed after {first['attempts']} attempt(s); "
+                     f"first: {first['error'].strip().splitlines()[0] if first['error'].strip() else '?'}")
     if not report["complete"]:
         why = " (stopped by SIGUSR1; the same command resumes)" if report.get("stopped") else ""
         lines.append(f"  INCOMPLETE: {report['total'] - report['committed']} tasks not committed{why}")
