@@ -181,19 +181,21 @@ def test_system_mpi_script_launches_with_srun_pmix(tmp_path, job_env):
     assert report["size"] == 4 and report["complete"]  # one world of 4 ranks, not 4 singletons
 
 
-@pytest.mark.timeout(600, func_only=True)
+@pytest.mark.timeout(900, func_only=True)
 def test_time_limit_stops_requeues_and_the_next_run_resumes_without_rerunning(tmp_path, job_env):
-    """A 1-minute limit with USR1 30 s before it (Slurm may send it up to 60 s early).
+    """A 3-minute limit with USR1 60 s before it, which Slurm sends 90 to 120 s into each run
+    (it checks limits every 30 s and may signal up to 60 s early; measured here). Shorter
+    limits leave a loaded host's ranks, which take up to 30 s to start, almost no time.
 
-    The work (2000 x 60 ms on 4 ranks, 30 s at best) cannot finish before the first
+    The work (2000 x 240 ms on 4 ranks, 120 s at best) cannot finish before the first
     USR1, so at least one run stops with 75 and requeues. While the requeued job waits
     (cred_expire, 10 s in .ci/slurm's cluster), the test moves that run's execution logs
     aside and reads the checkpoint.
     """
     logs = job_env["NLEVEL_TEST_LOG_DIR"]
     env = {**job_env, "MAX_RESTARTS": "20"}
-    args = [APP, "--n", "2000", "--sleep-ms", "60", "--checkpoint-interval", "0.5", "--report", "r.json"]
-    job = sbatch("resume.sbatch", args, tmp_path, env, opts=["--time=1", "--signal=B:USR1@30"])
+    args = [APP, "--n", "2000", "--sleep-ms", "240", "--checkpoint-interval", "0.5", "--report", "r.json"]
+    job = sbatch("resume.sbatch", args, tmp_path, env, opts=["--time=3", "--signal=B:USR1@60"])
     ckpt_path = tmp_path / "nlevel.h5"
     runs: list[tuple[list[int], set[int]]] = []  # per ended run: (ids it ran, ids committed at its end)
 
@@ -204,7 +206,7 @@ def test_time_limit_stops_requeues_and_the_next_run_resumes_without_rerunning(tm
             os.mkdir(logs)
             runs.append((all_runs(saved), completed_ids(ckpt_path) if ckpt_path.exists() else set()))
 
-    info = wait_job(job, env, 540, on_poll=end_of_run)
+    info = wait_job(job, env, 840, on_poll=end_of_run)
     out = output(tmp_path, job)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), out
     runs.append((all_runs(logs), completed_ids(ckpt_path)))
