@@ -376,6 +376,7 @@ class Farm:
             sys.stderr.write(f"nlevel: rank {self.rank} drained: leaving the job\n")
             _die(True)
         if t.ft:
+            node.end_together()  # answer a new master's questions until every live rank is done
             t.flush(timeout=5.0)  # (a send to a rank that died never completes)
             tt = t.shrink()  # the survivors, whoever they are: every collective from here is theirs
             alive = set(tt.comm.allgather(self.rank))

@@ -249,6 +249,31 @@ class Node:
         if relay is not None:
             self.t.send(relay, Kill(rank))
 
+    def end_together(self) -> None:
+        """Fault tolerance: this rank's loop is over; keep answering until every live rank's is.
+
+        A rank past its loop would otherwise be deaf (inside the end's collectives) to a
+        new master that needs to ask it what it holds.
+        """
+        if not self.t.ft:
+            return
+        st = self.station
+        next_tick = 0.0
+
+        def step() -> bool:
+            nonlocal next_tick
+            got = self.t.poll()
+            with self.lock:
+                if got is not None:
+                    self._send(st.deliver(*got))
+                elif clock() >= next_tick:
+                    self._send(st.tick())
+                    next_tick = clock() + 1e-3
+                self._checkpoint_if_due()
+            return got is not None
+
+        self.t.end_together(step)
+
     def _control(self) -> list[Out]:
         """The master: act on operator requests in the control directory (lock held)."""
         if self.control_dir is None or self.ledger is None or clock() < self._control_at:

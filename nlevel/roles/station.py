@@ -83,6 +83,7 @@ class Station:
         # not taken for lost (those sent to a rank that died are lost with it).
         self.sent_done: dict[int, RangeSet] | None = None
         self.drain_requested = False  # this rank was asked to leave the job
+        self.job_over = False  # a new master found every id committed: only releasing is left
         self.served_bins: dict[int, int] = {}  # wall time // TIMELINE_BIN -> grants sent (a server's timeline)
         self.drained: dict[int, float] = {}  # the master: ranks it asked to leave, and when
         self.rank = rank
@@ -429,6 +430,10 @@ class Station:
                     self._final_sent = True
                     if self.before_final is not None:
                         self.before_final()
+                    if self.config.ft:
+                        # Everything is committed: the deputy gets the last commits before anyone
+                        # is released, so a master dying now leaves a complete ledger behind.
+                        remote += repair.mirror_out(self, force=True)
             elif isinstance(msg, Report) and msg.epoch != self.epoch and not msg.orphan:
                 msg = Report(msg.done, msg.results, msg.want, msg.returned, msg.leaving, self.epoch,
                              False, msg.task_mean, msg.msg_time, msg.failed, msg.task_max)
