@@ -423,6 +423,7 @@ class Farm:
             self.report["decisions"] = station.planner.report() if station.planner is not None else []
             if error is not None:
                 self.report["checkpoint_error"] = str(error)
+        signals.quiet()  # the job is over here: a late SIGUSR1 must not kill the process while it ends
         if self.report is not None and self._exit_code is not None:
             self._exit_code = 0 if self.report["complete"] else 1
         t.close()

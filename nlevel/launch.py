@@ -107,8 +107,14 @@ def build_command(
     return [mpiexec, *extra, *opts, *command], env
 
 
+_FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+_early: list[int] = []  # signals that came before mpiexec was started
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``nlevel-mpiexec``; returns mpiexec's exit status."""
+    for sig in _FORWARDED:  # from the first instant: a batch script's USR1 must not kill the wrapper
+        signal.signal(sig, lambda signum, frame: _early.append(signum))
     args = list(sys.argv[1:] if argv is None else argv)
     dry = "--dry-run" in args
     args = [a for a in args if a != "--dry-run"]
@@ -145,8 +151,11 @@ def _run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
         except ProcessLookupError:
             pass
 
-    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+    for sig in _FORWARDED:
         signal.signal(sig, forward)
+    for signum in _early:  # arrived while the command was being prepared
+        forward(signum, None)
+    _early.clear()
     while True:
         try:
             return proc.wait()

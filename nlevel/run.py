@@ -249,6 +249,7 @@ def _finish_app(app: App, farm: Any, options: argparse.Namespace) -> int:
 
 
 def _entry() -> None:
+    signals.install()  # first thing: a SIGUSR1 while the rank is still starting must not kill it
     try:
         code = main()
     except SystemExit:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 
-__all__ = ["EXIT_STOPPED", "install", "requested", "request", "reset"]
+__all__ = ["EXIT_STOPPED", "install", "quiet", "requested", "request", "reset"]
 
 #: Exit status of a job stopped by SIGUSR1 with tasks left to run (EX_TEMPFAIL: "try again").
 EXIT_STOPPED = 75
@@ -36,6 +36,9 @@ def install() -> bool:
     """
     global _installed
     if _installed:
+        if _quieted[0] and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, _handler)  # a new farm in the same process
+            _quieted[0] = False
         return True
     if threading.current_thread() is not threading.main_thread():
         return False
@@ -44,6 +47,16 @@ def install() -> bool:
     signal.signal(signal.SIGUSR1, _handler)
     _installed = True
     return True
+
+
+def quiet() -> None:
+    """The farm is over on this rank: a late SIGUSR1 (a batch system's warning) must not kill it now."""
+    if _installed and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        _quieted[0] = True
+
+
+_quieted = [False]
 
 
 def requested() -> bool:
