@@ -258,7 +258,8 @@ def _absorb(st: Station, old: Dispatcher | None, new: Master) -> None:
     new.want_sum = sum(ch.last_want for ch in new.children.values() if not ch.left)
     new.held_total = sum(len(ch.held) for ch in new.children.values())
     new.total_weight = sum(ch.weight for ch in new.children.values()) or 1
-    new.settled, new.task_max, new.deaths = old.settled, old.task_max, old.deaths
+    # (Not its `settled`: what it passed up went to the master that died; the ledger decides now.)
+    new.task_max, new.deaths = old.task_max, old.deaths
     if old.up_done:
         new.ledger.commit(old.up_done.ranges(), old.up_results)
     for tid, info in old.up_failed:
