@@ -143,6 +143,7 @@ class Mirror:
     total: int = 0
     width: int = 1
     full: bool = False
+    failures: tuple[dict[str, Any], ...] = ()  # the master's failure records (the report survives it too)
 
 
 @dataclass(frozen=True, slots=True)

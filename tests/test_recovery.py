@@ -296,3 +296,13 @@ def test_reconciliation_requeues_only_what_nobody_holds():
     r.receive(7, RangeSet([(8, 9)]))
     assert r.complete
     assert r.lost(r.held, RangeSet([(3, 4)])) == RangeSet([(4, 8), (9, 10)])
+
+
+def test_the_report_keeps_a_dead_masters_records():
+    """The master's failure records travel with its ledger copy: a successor dying too loses none."""
+    plan = Plan(3, (2,))
+    ledger, executed, at_risk, stations, state, dead = run(10, plan, 800, 4, [(500, 0), (1500, 1)])
+    check(ledger, executed, at_risk, state, 800)
+    final = next(s for s in stations if s.rank not in dead and isinstance(s.dispatcher, Master))
+    assert final.rank == 2
+    assert {0, 1} <= {f["rank"] for f in final.failures}

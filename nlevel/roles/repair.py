@@ -138,7 +138,9 @@ def on_mirror(st: Station, msg: Mirror) -> list[Out]:
         return []
     if msg.full or st.mirror is None:
         st.mirror = Ledger(msg.total, width=msg.width)
+        st.mirror_failures = []
     st.mirror.commit(msg.done, msg.results)
+    st.mirror_failures.extend(msg.failures)
     st._master_heard = st.clock()
     return []
 
@@ -171,6 +173,7 @@ def _take_over(st: Station, old: Hierarchy, nh: Hierarchy, wall: float, how: str
         source = "deputy's copy + checkpoint"
     st.ledger = ledger
     st.mirror = None
+    st.failures = st.mirror_failures + st.failures  # recoveries the dead master had recorded
     record = failure_record(old.master, old, len(ledger.remaining()), how, st.rank, wall)
     record["ledger_from"] = source
     st.planner = None  # the new master keeps the plan it finds
@@ -322,7 +325,9 @@ def _mirror_full(st: Station, dep: int | None) -> list[Out]:
         return []
     led = d.ledger
     results = tuple(zip(led.result_ids.tolist(), _rows(led)))
-    return [Out(dep, Mirror(led.committed.ranges(), results, led.total, led.width, True))]
+    st._mirrored_failures = len(st.failures)
+    return [Out(dep, Mirror(led.committed.ranges(), results, led.total, led.width, True, tuple(st.failures)))]
+
 
 def mirror_out(st: Station, force: bool = False) -> list[Out]:
     """The master: send the deputy what was committed since the last copy (batched: every
@@ -337,7 +342,7 @@ def mirror_out(st: Station, force: bool = False) -> list[Out]:
     if st._mirror_to < 0:  # one process: nobody to copy to
         d.mirror_done, d.mirror_results = RangeSet(), []
         return []
-    waiting = len(d.mirror_done)
+    waiting = len(d.mirror_done) + len(st.failures) - st._mirrored_failures
     if not waiting:
         if now - st._mirror_sent < st.config.lease_min / 4:
             return []
@@ -346,7 +351,9 @@ def mirror_out(st: Station, force: bool = False) -> list[Out]:
     if waiting < MIRROR_BATCH and now - st._mirror_sent < MIRROR_AGE and not force:
         return []
     st._mirror_sent = now
-    msg = Mirror(d.mirror_done.ranges(), tuple(d.mirror_results), d.ledger.total, d.ledger.width)
+    news = tuple(st.failures[st._mirrored_failures :])
+    st._mirrored_failures = len(st.failures)
+    msg = Mirror(d.mirror_done.ranges(), tuple(d.mirror_results), d.ledger.total, d.ledger.width, False, news)
     d.mirror_done, d.mirror_results = RangeSet(), []
     return [Out(st._mirror_to, msg)]
 

@@ -74,6 +74,8 @@ class Station:
         self.failures: list[dict[str, Any]] = []  # this rank's finished recoveries (for the report)
         self.recon: Reconciliation | None = None
         self.mirror: Ledger | None = None  # the deputy's copy of the master's ledger
+        self.mirror_failures: list[dict[str, Any]] = []  # ... and of its failure records
+        self._mirrored_failures = 0  # the master: failure records already copied
         self._mirror_to: int | None = None  # the master: where the copy goes (None: not sent yet)
         self._deferred: deque[tuple[int, Message]] = deque()
         self._master_heard = 0.0  # the deputy: when the master's last copy (or heartbeat) came
