@@ -168,6 +168,7 @@ class Farm:
         self._checkpoint_path = value[2]
         self._meta = value[3]
         t.poll_max = self.config.poll_max
+        t.learn_places()  # where every rank runs: a hung one is killed from its host
         if self.config.ft:
             t.enable_ft()  # from here on a dead rank is an event, not an error
         # A rank that serves while computing runs a server thread beside the user's task.

@@ -72,11 +72,14 @@ class Transport:
         self.places: list[tuple[str, int]] = []  # (host, pid) of every rank, under fault tolerance
 
     # -- fault tolerance ----------------------------------------------------------------
+    def learn_places(self) -> None:
+        """Learn every rank's host and pid, to kill hung ones (collective)."""
+        self.places = self.comm.allgather((host(), os.getpid()))
+
     def enable_ft(self) -> None:
-        """Turn on failure reporting (collective: learns every rank's host and pid, to kill hung ones)."""
+        """Turn on failure reporting: a dead peer becomes an event, not an error."""
         self.ft = True
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
-        self.places = self.comm.allgather((host(), os.getpid()))
 
     def _dead(self, exc: Exception) -> Failed | None:
         """After an MPI error: acknowledge and return the newly dead ranks (None if there are none)."""

@@ -48,6 +48,25 @@ class Ledger:
         #: Tasks that failed for good this run: id -> (attempts, "error, rank, host").
         self.failed: dict[int, tuple[int, str]] = {}
 
+    def merge(self, other: Ledger) -> int:
+        """Add what ``other`` committed and this ledger lacks (results included); return how many ids.
+
+        Not counted as recomputed: the same commits seen from two copies (the deputy's and the file).
+        """
+        fresh = other.committed.copy()
+        fresh.remove_ranges(self.committed.ranges())
+        if not fresh:
+            return 0
+        width = self.width
+        values = other.result_values
+        for k, tid in enumerate(other.result_ids):
+            if tid in fresh:
+                self.result_ids.append(tid)
+                self.result_values.extend(values[k * width : (k + 1) * width])
+        n = self.committed.add_ranges(fresh.ranges())
+        self.commits += n
+        return n
+
     def fail(self, tid: int, info: str, attempts: int = 1) -> None:
         """Record task ``tid`` as failed (not committed: a later run tries it again)."""
         if tid not in self.committed:

@@ -65,8 +65,10 @@ class Reconciliation:
         everything: The master died: every id not committed is in question (``held`` unused).
     """
 
-    def __init__(self, everything: bool = False) -> None:
+    def __init__(self, everything: bool = False, now: float = 0.0) -> None:
         self.everything = everything
+        self.started = now  # a survivor silent for a lease after this is hung: killed
+        self.killed: set[int] = set()
         self.held = RangeSet()  # ids the dead servers held here
         self.expected: set[int] = set()
         self.got: dict[int, RangeSet] = {}

@@ -65,7 +65,7 @@ def fail(st: Station, ranks: tuple[int, ...], how: str = "ulfm") -> list[Out]:
             if old[x].children and not (gone.finished and not held):
                 # A server that was still working: its survivors will say what they hold. (One
                 # that had its final grant held nothing, nor did anyone below it.)
-                st.recon = st.recon or Reconciliation()
+                st.recon = st.recon or Reconciliation(now=st.clock())
                 ask |= st.recon.add_dead(held, expected(x, old, failed), record)
             else:
                 n, quarantined = d.requeue_lost(held)
@@ -168,8 +168,7 @@ def _take_over(st: Station, old: Hierarchy, nh: Hierarchy, wall: float, how: str
     elif st.recover is not None and not ledger.complete():
         # The copy may lack the last commits (a message lost with the master); the checkpoint
         # file may have them (the master writes it before releasing anyone).
-        disk = st.recover()
-        ledger.commit(disk.committed.ranges(), zip(disk.result_ids.tolist(), _rows(disk)))
+        ledger.merge(st.recover())
         source = "deputy's copy + checkpoint"
     st.ledger = ledger
     st.mirror = None
@@ -184,7 +183,7 @@ def _take_over(st: Station, old: Hierarchy, nh: Hierarchy, wall: float, how: str
         close_record(record, 0, [], wall)
         st.failures.append(record)
         return set()
-    recon = st.recon or Reconciliation()
+    recon = st.recon or Reconciliation(now=st.clock())
     recon.everything = True
     st.recon = recon
     return recon.add_dead(RangeSet(), expected(old.master, old, st.failed) - {st.rank}, record)
@@ -359,11 +358,19 @@ def mirror_out(st: Station, force: bool = False) -> list[Out]:
 
 
 def lease_kills(st: Station) -> list[Out]:
-    """Children silent past their lease: ask for them to be killed (MPI then reports them dead)."""
+    """Children silent past their lease, and survivors that do not answer a reconciler within
+    one: ask for them to be killed (MPI then reports them dead; without ULFM the job stops,
+    and the checkpoint resumes it: never a hang)."""
     d = st.dispatcher
-    if d is None or not st.config.ft:
+    if d is None:
         return []
-    late = d.overdue(st.clock(), st.config.lease_min, st.config.lease_factor)
+    c = st.config
+    now = st.clock()
+    late = d.overdue(now, c.lease_min, c.lease_factor)
+    recon = st.recon
+    if recon is not None and recon.expected and now - recon.started > c.lease_min + c.lease_factor * d.task_max:
+        late += sorted(recon.expected - recon.killed)
+        recon.killed |= recon.expected
     return [Out(r, Kill(r)) for r in late]
 
 

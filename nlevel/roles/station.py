@@ -242,8 +242,9 @@ class Station:
                 outs += self.switch(plan)
         if self.dispatcher is not None:
             outs += self.route(self.dispatcher.tick())
+        outs += repair.lease_kills(self)
         if self.config.ft:
-            outs += repair.lease_kills(self) + repair.mirror_out(self) + repair.watch_master(self)
+            outs += repair.mirror_out(self) + repair.watch_master(self)
         return outs
 
     def stop(self) -> list[Out]:
