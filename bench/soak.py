@@ -75,6 +75,7 @@ def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dic
                      checkpoint="run.h5", report="r.json", timeout=args.timeout)
     a = inject.audit(args.n, [logs], os.path.join(d, "run.h5"), res.report, res.kills)
     out = {"trial": k, **t, "returncode": res.returncode, "hung": res.hung, "wall_s": res.wall,
+           "kill_to_end_s": res.ended_at - res.kills[0].time if res.kills else None,
            "leftover": res.leftover, "kills": [vars(x) for x in res.kills], "audit": a,
            "stderr_tail": res.stderr[-1500:] if (res.hung or res.returncode) else ""}
     if not args.keep:
@@ -173,7 +174,9 @@ def main() -> None:
         print(f"[{k + 1}/{args.trials}] {t['size']} procs L{t['levels']}{t['regions'] or ''} "
               f"{[(x['rank'], x['role'], x['signal']) for x in r['kills']]}: "
               f"{'HANG' if r['hung'] else 'exit ' + str(r['returncode'])}, lost {a['lost']}, "
-              f"re-exec {a['re_executed']}/{a['bound']}, {r['wall_s']:.1f} s", flush=True)
+              f"re-exec {a['re_executed']}/{a['bound']}, {r['wall_s']:.1f} s"
+              + (f" ({r['kill_to_end_s']:.1f} s after the kill)" if r["kill_to_end_s"] is not None else ""),
+              flush=True)
     summary, table = summarize(trials)
     print()
     print(f"soak: --ft {args.ft}, {args.n} tasks of {args.sleep_ms} ms, seed {args.seed}, "

@@ -37,17 +37,24 @@ def explain(res) -> str:
 # ---------------------------------------------------------------- without ULFM
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("role", ["slave", "region-master"])
-def test_without_ulfm_a_killed_rank_stops_the_job_and_the_same_command_resumes(tmp_path, mpi_env, role):
+@pytest.mark.parametrize("role, sig", [
+    ("slave", "KILL"),
+    ("region-master", "KILL"),
+    # A stopped rank is never detected by MPI: only the parent's task lease can kill it.
+    pytest.param("slave", "STOP", marks=pytest.mark.xfail(strict=False, reason="task leases not merged yet")),
+])
+def test_without_ulfm_a_killed_rank_stops_the_job_and_the_same_command_resumes(tmp_path, mpi_env, role, sig):
     n, size, plan = 2000, 6, plan_of(3, (2,))
     first = launch(tmp_path, mpi_env, tmp_path / "logs1", size, plan, n,
-                   Schedule(role=role, after_committed=300, seed=1), timeout=120)
+                   Schedule(role=role, signal=sig, after_committed=300, seed=1),
+                   timeout=120 if sig == "KILL" else 75)
     assert first.kills, f"no kill landed (the job ended first?)\n{explain(first)}"
     assert first.kills[0].role == role
-    assert not first.hung, f"the job did not stop after SIGKILL of a {role} (library bug)\n{explain(first)}"
+    assert not first.hung, f"the job did not stop after SIG{sig} of a {role} (library bug)\n{explain(first)}"
     ended_in = first.ended_at - first.kills[0].time
     assert ended_in < KILL_TO_END_S, f"the job took {ended_in:.1f} s to stop\n{explain(first)}"
     assert first.returncode != 0, f"a failed run must not exit 0\n{explain(first)}"
+    assert first.leftover == [], f"ranks {first.leftover} outlived the launcher"
 
     at_kill = inject.committed_ids(tmp_path / "run.h5")  # must be readable: the guarantee
     assert 300 <= len(at_kill) < n, f"kill did not land mid-run ({len(at_kill)} committed)"
