@@ -26,7 +26,7 @@ import time
 import traceback
 from typing import Any, Iterator, Sequence
 
-from . import __version__
+from . import __version__, signals
 from . import checkpoint as ckpt
 from .config import Config
 from .errors import ConfigError, NlevelError
@@ -99,6 +99,7 @@ class Farm:
 
         self._started = time.time()
         self._t0 = time.perf_counter()
+        signals.install()  # SIGUSR1: stop cleanly (checkpoint, then exit); never the default "terminate"
         problem = _check_total(total)
         t = transport_mod.Transport(comm if comm is not None else transport_mod.world())
         self._transport = t
@@ -340,6 +341,7 @@ class Farm:
                 writer=self._writer,
             )
             self.report["plan_history"] = [p.to_dict() for p in station.plans]
+            self.report["stopped"] = "SIGUSR1" if station.stopped else None
             self.report["decisions"] = station.planner.report() if station.planner is not None else []
             if error is not None:
                 self.report["checkpoint_error"] = str(error)

@@ -41,6 +41,20 @@ class Config:
     threshold: float = 0.10
     replan_interval: float = 5.0
     force_replan: str = ""
+    fault_tolerance: str = "auto"
+    lease_min: float = 10.0
+    lease_factor: float = 5.0
+    on_task_error: str = "abort"
+    task_retries: int = 2
+    quarantine: int = 3
+    control_interval: float = 0.5
+
+    @property
+    def ft(self) -> bool:
+        """Whether to recover from process failures (``auto``: when MPI was started with ULFM on)."""
+        if self.fault_tolerance == "auto":
+            return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes")
+        return self.fault_tolerance == "on"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -149,6 +163,14 @@ def _serve_only(name: str, v: Any) -> None:
         raise ConfigError(f"{name} must be one of {', '.join(SERVE_ONLY_CHOICES)}, got {v!r}")
 
 
+def _choice(*choices: str) -> Callable[[str, Any], None]:
+    def check(name: str, v: Any) -> None:
+        if v not in choices:
+            raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {v!r}")
+
+    return check
+
+
 def _bool(name: str, v: Any) -> None:
     if not isinstance(v, bool):
         raise ConfigError(f"{name} must be true or false, got {v!r}")
@@ -180,6 +202,13 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "threshold": lambda name, v: _fraction(name, v),
     "replan_interval": _positive_float,
     "force_replan": lambda name, v: _force(name, v),
+    "fault_tolerance": _choice("auto", "on", "off"),
+    "lease_min": _positive_float,
+    "lease_factor": _positive_float,
+    "on_task_error": _choice("retry", "skip", "abort"),
+    "task_retries": _int_at_least(0),
+    "quarantine": _int_at_least(1),
+    "control_interval": _positive_float,
 }
 
 #: name -> (unit, help). The defaults are the dataclass defaults.
@@ -204,6 +233,13 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "threshold": ("", "auto: overhead threshold C; a plan predicted above it is split further"),
     "replan_interval": ("s", "auto: seconds between re-decisions after the first one"),
     "force_replan": ("", "testing: switch plans at a committed fraction, e.g. 0.5@3x2"),
+    "fault_tolerance": ("", "recover from dead processes: auto (when mpiexec --with-ft ulfm), on, off"),
+    "lease_min": ("s", "a rank holding tasks and silent for lease-min + lease-factor x the longest task is hung: killed"),
+    "lease_factor": ("", "see lease-min"),
+    "on_task_error": ("", "a task that raises: retry (elsewhere, task-retries times, then failed), skip (failed), abort"),
+    "task_retries": ("", "retries of a task that raised, with --on-task-error retry"),
+    "quarantine": ("processes", "a task held by this many processes that died is recorded failed, not run again"),
+    "control_interval": ("s", "how often the master reads the run's control directory (drain requests)"),
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from typing import Sequence
@@ -128,7 +129,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if dry:
         print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
         return 0
-    return subprocess.call(cmd, env=full_env)
+    return _run_forwarding_signals(cmd, full_env)
+
+
+def _run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd``, passing SIGUSR1/SIGUSR2/SIGTERM/SIGINT on to it (mpiexec forwards them to the ranks).
+
+    A batch script's ``kill -USR1 $launcher`` must reach the job, not kill this wrapper.
+    """
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:  # pragma: no cover - SIGINT is forwarded, keep waiting
+            continue
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from . import signals
 from .backoff import Backoff
 from .config import Config
 from .hierarchy import Hierarchy
@@ -92,6 +93,7 @@ class Node:
         with self.lock:
             st.finish(result)
             if self.ledger is not None:
+                self._send(self._stop_if_asked())
                 self._checkpoint_if_due()  # rank 0 with no server loop (one process) flushes here
             while True:
                 tid, sends = st.take()
@@ -202,7 +204,7 @@ class Node:
                         st.planner.on_service(clock() - t0)  # receive + handle + answer: 1/mu
                     self.lock.notify_all()
                 elif clock() >= next_tick:
-                    self._send(st.tick())
+                    self._send(self._stop_if_asked() + st.tick())
                     next_tick = clock() + 1e-3
                     self.lock.notify_all()
                 self._checkpoint_if_due()
@@ -217,6 +219,17 @@ class Node:
     def _send(self, outs: list[Out]) -> None:
         for out in outs:
             self.t.send(out.dest, out.msg)
+
+    def _stop_if_asked(self) -> list[Out]:
+        """The master, on SIGUSR1: save what is committed now, then stop granting (lock held)."""
+        st = self.station
+        if not signals.requested() or st.stopped or self.ledger is None:
+            return []
+        if self.on_checkpoint is not None and not self._final_written:
+            self.on_checkpoint(self.ledger, False)  # in case running tasks outlast the warning
+            self._flushed_count = self.ledger.commits
+            self._flushed_at = clock()
+        return st.stop()
 
     # -- checkpoint (rank 0) ---------------------------------------------------------------
     def _checkpoint_if_due(self) -> None:

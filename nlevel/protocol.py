@@ -29,6 +29,17 @@ and grant, and two messages:
 
 A report that reaches a rank under an older epoch than the rank's own is forwarded to
 the master as an ``orphan`` (its completions and returned ids are still good).
+
+Failures (fault-tolerant runs, see :mod:`nlevel.roles.recovery`):
+
+* ``Failed(ranks)`` is not sent: the transport hands it to its own rank when MPI reports
+  dead processes. Every rank then lays out the same hierarchy without them.
+* C -> reconciler (and C -> its new parent) ``Holding(held)``: C's parent died; these are
+  the ids C and its subtree hold (queued, running, finished but not yet reported).
+* master -> deputy ``Mirror(done, results, total, width, full)``: a copy of every commit,
+  so the deputy can take over the ledger if the master dies.
+* ``Kill(rank)``: a lease expired (a hung process); the rank on the victim's host kills it,
+  and MPI then reports it dead like any other failure.
 """
 
 from __future__ import annotations
@@ -39,7 +50,10 @@ from typing import Any, ClassVar, Union
 
 from .ranges import Ranges
 
-__all__ = ["Tag", "Report", "Grant", "Regroup", "Ack", "Message", "Result", "encode", "decode"]
+__all__ = [
+    "Tag", "Report", "Grant", "Regroup", "Ack", "Holding", "Mirror", "Kill", "Failed", "Message", "Result",
+    "encode", "decode",
+]
 
 #: A task's result: one number, or a fixed number of them (the app's result fields).
 Result = Union[float, tuple[float, ...]]
@@ -52,6 +66,10 @@ class Tag(IntEnum):
     GRANT = 12
     REGROUP = 13
     ACK = 14
+    HOLDING = 15
+    MIRROR = 16
+    KILL = 17
+    FAILED = 18  # local only, never on the wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +86,8 @@ class Report:
     orphan: bool = False  # forwarded straight to the master from an older epoch
     task_mean: float = 0.0  # the sender's mean task time (s), for the planner
     msg_time: float = 0.0  # the sender's mean one-way message time (s), for the planner
+    failed: tuple[tuple[int, str], ...] = ()  # tasks that raised: (id, "error text, rank, host")
+    task_max: float = 0.0  # the longest task seen below the sender (s): the leases follow it
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +119,47 @@ class Ack:
     epoch: int
 
 
-Message = Union[Report, Grant, Regroup, Ack]
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """Child to its reconciler and its new parent after its parent died: the ids its subtree holds."""
 
-_CLASSES = (Report, Grant, Regroup, Ack)
+    TAG: ClassVar[Tag] = Tag.HOLDING
+    held: Ranges = ()
+    failed: tuple[int, ...] = ()  # the dead ranks the sender knows of (the receiver waits until it does too)
+
+
+@dataclass(frozen=True, slots=True)
+class Mirror:
+    """Master to deputy: commits to copy (``full``: the whole ledger, replacing the copy)."""
+
+    TAG: ClassVar[Tag] = Tag.MIRROR
+    done: Ranges = ()
+    results: tuple[tuple[int, Result], ...] = ()
+    total: int = 0
+    width: int = 1
+    full: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    """A lease on ``rank`` expired: kill it (the rank on its host does), so MPI reports it dead."""
+
+    TAG: ClassVar[Tag] = Tag.KILL
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Local event: MPI reported these ranks dead (``how``: "ulfm", or why else)."""
+
+    TAG: ClassVar[Tag] = Tag.FAILED
+    ranks: tuple[int, ...]
+    how: str = "ulfm"
+
+
+Message = Union[Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed]
+
+_CLASSES = (Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed)
 _BY_TAG: dict[int, Any] = {cls.TAG: cls for cls in _CLASSES}
 _FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in _CLASSES}
 

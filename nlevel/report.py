@@ -155,5 +155,6 @@ def format_summary(report: dict[str, Any]) -> str:
                 f"+ dispose {parts['dispose']['mean']:.3f} ms"
             )
     if not report["complete"]:
-        lines.append(f"  INCOMPLETE: {report['total'] - report['committed']} tasks not committed")
+        why = " (stopped by SIGUSR1; the same command resumes)" if report.get("stopped") else ""
+        lines.append(f"  INCOMPLETE: {report['total'] - report['committed']} tasks not committed{why}")
     return "\n".join(lines)

@@ -3,7 +3,8 @@
 With no APP it runs the built-in micro benchmark (:mod:`nlevel.micro`). Rank 0 shows
 progress, prints a summary and writes the JSON report. The exit status is 0 only when
 every task is committed; 2 for bad input (the message says which value and what was
-expected). Any other error on any rank aborts the whole job, so no rank hangs.
+expected); 75 when SIGUSR1 stopped it early with tasks left (resume with the same
+command). Any other error on any rank aborts the whole job, so no rank hangs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import traceback
 from typing import Any, Sequence
 
-from . import __version__
+from . import __version__, signals
 from .app import App, load_app
 from .config import SETTINGS, Config, parse_setting
 from .errors import AppError, ConfigError, NlevelError
@@ -203,7 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_summary(report), flush=True)
             if options.report:
                 print(f"  report: {os.path.abspath(options.report)}", flush=True)
-        if not report["complete"] or "checkpoint_error" in report:
+        if report.get("stopped") and not report["complete"] and "checkpoint_error" not in report:
+            status = max(status, signals.EXIT_STOPPED)  # the batch script resubmits; the checkpoint resumes
+        elif not report["complete"] or "checkpoint_error" in report:
             status = max(status, 1)
         elif status == 0:
             status = _finish_app(app, farm, options)

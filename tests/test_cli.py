@@ -229,3 +229,41 @@ def test_auto_plan_switches_mid_run_on_seven_processes(tmp_path, mpi_env):
     for d in measured:  # every measured decision carries its inputs and reason
         assert {"lam", "var", "verdict", "rate_per_s"} <= set(d["poisson"])
         assert d["mu_per_s"] > 0 and d["reason"] and "current_predicted" in d
+
+
+@pytest.mark.timeout(240)
+def test_sigusr1_stops_with_status_75_then_the_same_command_resumes(tmp_path, mpi_env):
+    """A batch system's warning (SIGUSR1 to the launcher): checkpoint, stop, exit 75; resume later."""
+    logs1, logs2 = tmp_path / "logs1", tmp_path / "logs2"
+    logs1.mkdir()
+    logs2.mkdir()
+    args = [APP, "--levels", "3", "--n", "1200", "--sleep-ms", "10", "--checkpoint", "run.h5", "--report", "r.json", "--quiet"]
+    cmd = [os.path.join(BIN, "nlevel-mpiexec"), "-n", "5", sys.executable, "-m", "nlevel.run", *args]
+    job = subprocess.Popen(cmd, cwd=tmp_path, env={**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs1)},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and job.poll() is None:
+            if (tmp_path / "run.h5").exists() and len(completed_ids(tmp_path / "run.h5")) >= 100:
+                break
+            time.sleep(0.05)
+        sent = time.monotonic()
+        job.send_signal(signal.SIGUSR1)
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 75, err
+    assert time.monotonic() - sent < 20
+    stopped = completed_ids(tmp_path / "run.h5")
+    assert 100 <= len(stopped) < 1200
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["stopped"] == "SIGUSR1" and not report["complete"] and report["committed"] == len(stopped)
+    first = executions(logs1)
+    assert len(first) == len(set(first)) and set(first) == stopped  # every task that ran was committed
+
+    proc = nlevel_run(5, args, tmp_path, {**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs2)})
+    assert proc.returncode == 0, proc.stderr
+    second = executions(logs2)
+    assert not set(second) & stopped and len(second) == len(set(second))
+    assert completed_ids(tmp_path / "run.h5") == set(range(1200))

@@ -50,7 +50,7 @@ def grant_size(want: int, available: int, weight: int, total_weight: int, factor
 class Child:
     """What a server knows about one child (a rank, or its own local worker)."""
 
-    __slots__ = ("rank", "weight", "held", "want", "since", "last_want", "finished", "left")
+    __slots__ = ("rank", "weight", "held", "want", "since", "last_want", "finished", "left", "heard", "leased")
 
     def __init__(self, rank: int, weight: int) -> None:
         self.rank = rank
@@ -61,6 +61,8 @@ class Child:
         self.last_want = 1
         self.finished = False  # sent a final grant
         self.left = False  # said it is leaving
+        self.heard = 0.0  # when it last reported or was granted ids (its lease runs from here)
+        self.leased = False  # its lease expired: it is being killed
 
 
 class Dispatcher:
@@ -89,22 +91,39 @@ class Dispatcher:
         self.unexpected = 0  # ids reported done that the child was not holding
         self.served = 0  # wants answered
         self._step_start = 0.0
+        # Fault tolerance. Ids a child reported finished or gave back without holding them
+        # (after a failure a child's Holding may arrive after its completions did).
+        self.settled = RangeSet()
+        self.task_max = 0.0  # longest task reported from below (s): leases follow it
+        self.deaths: dict[int, int] = {}  # id -> processes that died holding it
+        self.quarantine = 3
+        self.reconciling = False  # ids may come back from a reconciliation: the job is not over
 
     # -- events ---------------------------------------------------------------------
     def on_report(self, src: int, report: Report) -> list[Out]:
         """Handle a child's report: completions, returned ids, a want, or leaving."""
         self._step_start = now = self.clock()
         child = self.children[src]
+        child.heard = now
+        if report.task_max > self.task_max:
+            self.task_max = report.task_max
         for a, b in report.done:
             removed = child.held.remove(a, b)
             self.held_total -= removed
-            self.unexpected += (b - a) - removed
+            if removed < b - a:
+                self.unexpected += (b - a) - removed
+                self.settled.add(a, b)
         if report.done:
             self._accept_done(report.done, report.results, now)
         for a, b in report.returned:
             removed = child.held.remove(a, b)
             self.held_total -= removed
+            if removed < b - a:
+                self.settled.add(a, b)
             self._take_back(a, b)
+        for tid, info in report.failed:
+            self.held_total -= child.held.remove(tid, tid + 1)
+            self._task_failed(tid, info)
         outs: list[Out] = []
         if report.leaving:
             if not child.left:
@@ -143,6 +162,86 @@ class Dispatcher:
         """Ids a child gave back unstarted: queue them again."""
         self.queue.add(start, stop)
 
+    def _task_failed(self, tid: int, info: str) -> None:
+        raise NotImplementedError
+
+    # -- failures (see nlevel.roles.recovery) --------------------------------------------------
+    def drop_child(self, rank: int) -> RangeSet:
+        """Forget a dead child; return the ids it held (the caller requeues or reconciles them)."""
+        child = self.children.pop(rank)
+        if child.want:
+            self.pending.remove(child)
+            self.pending_want -= child.want
+        if not child.left:
+            self.want_sum -= child.last_want
+        self.held_total -= len(child.held)
+        self.total_weight = max(1, self.total_weight - child.weight)
+        return child.held
+
+    def adopt_child(self, rank: int, weight: int, held: RangeSet | None = None) -> Child:
+        """Take a new child (after a failure re-laid the hierarchy), optionally holding ``held``."""
+        child = self.children.get(rank)
+        if child is None:
+            child = self.children[rank] = Child(rank, weight)
+            child.heard = self.clock()
+            self.want_sum += child.last_want
+            self.total_weight += weight
+        if held:
+            self.attach(child, held)
+        return child
+
+    def attach(self, child: Child, held: RangeSet) -> None:
+        """Record that ``child`` holds ``held`` (a Holding), minus ids already settled."""
+        fresh = held.copy()
+        if self.settled:
+            fresh.remove_ranges(self.settled.ranges())
+        before = len(child.held)
+        child.held.add_ranges(fresh.ranges())
+        self.held_total += len(child.held) - before
+
+    def set_weight(self, rank: int, weight: int) -> None:
+        """A child's subtree changed size."""
+        child = self.children[rank]
+        self.total_weight += weight - child.weight
+        child.weight = weight
+
+    def requeue_lost(self, ids: RangeSet) -> tuple[int, list[int]]:
+        """Ids held by a process that died: queue them again; return (requeued, quarantined ids).
+
+        An id held by ``quarantine`` processes that died is not run again: it is recorded
+        failed (a task that kills its process would otherwise kill every rank in turn).
+        """
+        quarantined: list[int] = []
+        if len(ids) <= 100_000:  # (a dead region-master's prefetch is not counted one by one)
+            for tid in ids:
+                n = self.deaths[tid] = self.deaths.get(tid, 0) + 1
+                if n >= self.quarantine:
+                    quarantined.append(tid)
+        for tid in quarantined:
+            ids.remove(tid, tid + 1)
+            self._task_failed(tid, f"quarantined: held by {self.quarantine} processes that died")
+        for a, b in ids.ranges():
+            self._take_back(a, b)
+        return len(ids), quarantined
+
+    def overdue(self, now: float, lease_min: float, lease_factor: float) -> list[int]:
+        """Children holding ids that have been silent longer than their lease (hung processes).
+
+        The lease is ``lease_min + lease_factor * longest task * ceil(held / weight)``; no
+        lease runs before any task has finished below (nothing is known of task times yet).
+        """
+        if self.task_max <= 0:
+            return []
+        late = []
+        for child in self.children.values():
+            if child.rank == self.rank or not child.held or child.leased:
+                continue
+            per = math.ceil(len(child.held) / max(1, child.weight))
+            if now - child.heard > lease_min + lease_factor * self.task_max * per:
+                child.leased = True
+                late.append(child.rank)
+        return late
+
     # -- serving --------------------------------------------------------------------
     def _serve(self, now: float) -> list[Out]:
         outs: list[Out] = []
@@ -152,6 +251,7 @@ class Dispatcher:
                 n = grant_size(child.want, len(self.queue), child.weight, self._active_weight())
                 ids = self.queue.take(n)
                 child.held.add_ranges(ids)
+                child.heard = now
                 self.held_total += n
                 outs.append(self._grant(child, ids, False, now))
             elif self._exhausted():
@@ -196,31 +296,78 @@ class Master(Dispatcher):
         ledger: The completion record (already holding what earlier runs committed).
     """
 
-    def __init__(self, node: Node, child_weights: dict[int, int], clock: Callable[[], float], ledger: Ledger) -> None:
+    def __init__(
+        self,
+        node: Node,
+        child_weights: dict[int, int],
+        clock: Callable[[], float],
+        ledger: Ledger,
+        retries: int = 0,
+        mirror: bool = False,
+    ) -> None:
         super().__init__(node, child_weights, clock)
         self.ledger = ledger
+        self.retries = retries  # a task that raised runs again up to this many times
+        self.attempts: dict[int, int] = {}
+        self.mirror = mirror  # keep a copy of each commit for the deputy
+        self.mirror_done = RangeSet()
+        self.mirror_results: list[tuple[int, Result]] = []
         self.queue = ledger.remaining()
         # Ids granted under an earlier plan and not yet committed or given back: the job
         # is not finished while any is left (see Station.switch).
         self.carried = RangeSet()
+        self.stopped = False  # asked to stop early: nothing more is granted
+        self.aside = RangeSet()  # ids not granted because of the stop
+
+    def stop(self) -> list[Out]:
+        """Grant nothing more: running work finishes, then every child gets its final grant."""
+        self._step_start = now = self.clock()
+        if not self.stopped:
+            self.stopped = True
+            self.aside.add_ranges(self.queue.ranges())
+            self.queue = RangeSet()
+        return self._serve(now) + self._upkeep(now)
+
+    def _take_back(self, start: int, stop: int) -> None:
+        (self.aside if self.stopped else self.queue).add(start, stop)
 
     def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
         self.ledger.commit(done, results)
         if self.carried:
             self.carried.remove_ranges(done)
+        if self.mirror:
+            self.mirror_done.add_ranges(done)
+            self.mirror_results.extend(results)
 
-    def take_orphan(self, done: Ranges, results: tuple[tuple[int, Result], ...], returned: Ranges) -> list[Out]:
-        """Completions and given-back ids that arrived under an older plan (see Station)."""
+    def _task_failed(self, tid: int, info: str) -> None:
+        n = self.attempts[tid] = self.attempts.get(tid, 0) + 1
+        if n <= self.retries and not info.startswith("quarantined"):
+            self._take_back(tid, tid + 1)  # runs again, most likely on another rank
+        else:
+            self.ledger.fail(tid, info, n)
+            if self.carried:
+                self.carried.remove(tid, tid + 1)
+
+    def take_orphan(
+        self,
+        done: Ranges,
+        results: tuple[tuple[int, Result], ...],
+        returned: Ranges,
+        failed: tuple[tuple[int, str], ...] = (),
+    ) -> list[Out]:
+        """Completions, given-back ids and failed tasks that arrived under an older plan (see Station)."""
         self._step_start = now = self.clock()
         if done:
             self._accept_done(done, results, now)
+        for tid, info in failed:
+            self._task_failed(tid, info)
         for a, b in returned:
             self.carried.remove(a, b)
-            self.queue.add(a, b)
+            self._take_back(a, b)
         return self._serve(now) + self._upkeep(now)
 
     def _exhausted(self) -> bool:
-        return not self.queue and self.held_total == 0 and not self.carried
+        return not self.queue and self.held_total == 0 and not self.carried and not self.reconciling
 
 
 class Region(Dispatcher):
@@ -256,6 +403,7 @@ class Region(Dispatcher):
         self.parent_final = False
         self.gone = False  # every child left early; the queue went back to the parent
         self.up_returned = RangeSet()  # ids given back to this region after it left
+        self.up_failed: list[tuple[int, str]] = []  # tasks that raised below, for the master to decide
         self.requests = RequestTimes()  # this region-master's own requests upward
 
     def on_grant(self, grant: Grant) -> list[Out]:
@@ -283,7 +431,12 @@ class Region(Dispatcher):
             self.oldest_up = now
 
     def _exhausted(self) -> bool:
-        return self.parent_final and not self.queue
+        return self.parent_final and not self.queue and not self.reconciling
+
+    def _task_failed(self, tid: int, info: str) -> None:
+        self.up_failed.append((tid, info))
+        if self.oldest_up == math.inf:
+            self.oldest_up = self.clock()
 
     def _take_back(self, start: int, stop: int) -> None:
         if self.gone:  # this region already left: the ids go straight back up
@@ -300,16 +453,18 @@ class Region(Dispatcher):
         if self.gone and self.up_returned:
             returned, self.up_returned = self.up_returned.ranges(), RangeSet()
             report = self._report(0)
-            return [Out(self.parent, Report(report.done, report.results, 0, returned, True))]
+            return [Out(self.parent, Report(report.done, report.results, 0, returned, True, failed=report.failed,
+                                                task_max=report.task_max))]
         if self.parent_final or self.gone:
-            return self._flush() if self.up_done else []
-        if all(c.left for c in self.children.values()):
+            return self._flush() if (self.up_done or self.up_failed) else []
+        if self.children and all(c.left for c in self.children.values()):
             # Everyone below left the loop early: give the queue back and leave too.
             self.gone = True
             returned = self.queue.ranges()
             self.queue = RangeSet()
             report = self._report(0)
-            return [Out(self.parent, Report(report.done, report.results, 0, returned, True))]
+            return [Out(self.parent, Report(report.done, report.results, 0, returned, True, failed=report.failed,
+                                                task_max=report.task_max))]
         waiting = self.pending_want
         deficit = self.target() + waiting - len(self.queue)
         low = len(self.queue) - waiting < self.target() / 2
@@ -317,7 +472,7 @@ class Region(Dispatcher):
             self.asked = True
             self.asked_at = now
             return [Out(self.parent, self._report(deficit))]
-        if self.up_done and (
+        if (self.up_done or self.up_failed) and (
             len(self.up_done) >= self.batch
             or now - self.oldest_up >= self.batch_age
             or (self.pending and not self.queue)  # region idle: the master may be waiting on these
@@ -329,8 +484,10 @@ class Region(Dispatcher):
         return [Out(self.parent, self._report(0))]
 
     def _report(self, want: int) -> Report:
-        report = Report(self.up_done.ranges(), tuple(self.up_results), want)
+        report = Report(self.up_done.ranges(), tuple(self.up_results), want,
+                        failed=tuple(self.up_failed), task_max=self.task_max)
         self.up_done = RangeSet()
         self.up_results = []
+        self.up_failed = []
         self.oldest_up = math.inf
         return report

@@ -45,6 +45,13 @@ class Ledger:
         self.result_values = array("d", result_values)
         self.recomputed = 0
         self.commits = 0  # ids committed by this run
+        #: Tasks that failed for good this run: id -> (attempts, "error, rank, host").
+        self.failed: dict[int, tuple[int, str]] = {}
+
+    def fail(self, tid: int, info: str, attempts: int = 1) -> None:
+        """Record task ``tid`` as failed (not committed: a later run tries it again)."""
+        if tid not in self.committed:
+            self.failed[tid] = (attempts, info)
 
     def remaining(self) -> RangeSet:
         """Return the ids not committed yet."""
@@ -58,6 +65,9 @@ class Ledger:
             added = self.committed.add(a, b)
             new += added
             self.recomputed += (b - a) - added
+            if self.failed:
+                for tid in [t for t in self.failed if a <= t < b]:
+                    del self.failed[tid]
         for i, v in fresh_results:
             self.result_ids.append(i)
             if self.width == 1:

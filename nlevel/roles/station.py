@@ -18,21 +18,23 @@ until every old child has acknowledged.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from ..config import Config
 from ..hierarchy import Hierarchy, Role, build
 from ..plan import Plan
-from ..protocol import Ack, Grant, Message, Regroup, Report, Result
+from ..protocol import Ack, Failed, Grant, Holding, Kill, Message, Mirror, Regroup, Report, Result
 from .autoplan import AutoPlanner
 from .dispatch import Master, Region
 from .ledger import Ledger
+from .repair import Repair
 from .worker import WAIT, Out, Worker
 
 __all__ = ["Station"]
 
 
-class Station:
+class Station(Repair):
     """The state machines of rank ``rank``.
 
     Args:
@@ -43,6 +45,9 @@ class Station:
         ledger: The completion record; required on rank 0.
         before_final: Rank 0: called once, before the first final grant goes anywhere
             (the runtime writes the last checkpoint there, before anyone is released).
+        wall: Returns the wall-clock time (failure records).
+        recover: Returns the ledger as the checkpoint has it, for a rank that must take
+            over as master without a copy of the ledger (see :mod:`nlevel.roles.recovery`).
     """
 
     def __init__(
@@ -53,7 +58,10 @@ class Station:
         clock: Callable[[], float],
         ledger: Ledger | None = None,
         before_final: Callable[[], None] | None = None,
+        wall: Callable[[], float] = time.time,
+        recover: Callable[[], Ledger] | None = None,
     ) -> None:
+        self._init_repair(wall, recover)
         self.rank = rank
         self.size = hierarchy.size
         self.config = config
@@ -85,7 +93,9 @@ class Station:
         if info.role is Role.MASTER:
             if self.ledger is None:
                 raise ValueError("rank 0 (the master) needs the ledger")
-            self.dispatcher = Master(info, weights, self.clock, self.ledger)
+            c = self.config
+            self.dispatcher = Master(info, weights, self.clock, self.ledger,
+                                     c.task_retries if c.on_task_error == "retry" else 0, c.ft)
         elif info.children:
             self.dispatcher = Region(info, weights, self.clock, plan.prefetch, self.config.batch, self.config.batch_age)
         parent = self.rank if self.dispatcher is not None else info.parent
@@ -128,6 +138,24 @@ class Station:
     # -- events -----------------------------------------------------------------------
     def deliver(self, src: int, msg: Message) -> list[Out]:
         """Handle a message from another rank; return what to send."""
+        if isinstance(msg, Failed):
+            return self.fail(msg.ranks, msg.how)
+        if isinstance(msg, Mirror):
+            return self.on_mirror(msg)  # (even from a master that died since: its commits stand)
+        if src in self.failed:
+            return []  # sent before it died; what it held is already back in a queue
+        if isinstance(msg, (Report, Holding)) and self._defer(src, msg):
+            return []
+        if isinstance(msg, Holding):
+            return self.on_holding(src, msg)
+        if isinstance(msg, Kill):
+            return [Out(msg.rank, msg)]  # the runtime kills it (this rank is on the victim's host)
+        outs = self._deliver(src, msg)
+        if self.config.ft:
+            outs += self._mirror_out()
+        return outs
+
+    def _deliver(self, src: int, msg: Message) -> list[Out]:
         if isinstance(msg, Regroup):
             return self.regroup(msg)
         if isinstance(msg, Ack):
@@ -164,23 +192,37 @@ class Station:
 
     def _orphan(self, msg: Report) -> list[Out]:
         """Completions and returned ids from an older epoch: they go to the master."""
-        if not (msg.done or msg.returned):
+        if not (msg.done or msg.returned or msg.failed):
             return []
         if isinstance(self.dispatcher, Master):
-            return self.route(self.dispatcher.take_orphan(msg.done, msg.results, msg.returned))
-        return [Out(0, Report(msg.done, msg.results, 0, msg.returned, epoch=self.epoch, orphan=True))]
+            return self.route(self.dispatcher.take_orphan(msg.done, msg.results, msg.returned, msg.failed))
+        return [Out(self.hierarchy.master, Report(msg.done, msg.results, 0, msg.returned, epoch=self.epoch,
+                                                  orphan=True, failed=msg.failed))]
 
     def tick(self) -> list[Out]:
         """Time-driven work: batch ages, and on rank 0 under auto, the planner."""
         outs: list[Out] = []
-        if self.planner is not None and isinstance(self.dispatcher, Master) and not self._final_sent:
+        if self.planner is not None and isinstance(self.dispatcher, Master) and not self._final_sent and not self.failed:
             ledger = self.dispatcher.ledger
             plan = self.planner.tick(self.clock(), ledger.n_committed / max(1, ledger.total))
             if plan is not None and plan.min_size() <= self.size:
                 outs += self.switch(plan)
         if self.dispatcher is not None:
             outs += self.route(self.dispatcher.tick())
+        if self.config.ft:
+            outs += self.lease_kills() + self._mirror_out()
         return outs
+
+    def stop(self) -> list[Out]:
+        """The master: stop granting (SIGUSR1); running tasks finish, then everyone is released."""
+        if not isinstance(self.dispatcher, Master):
+            return []
+        return self.route(self.dispatcher.stop())
+
+    @property
+    def stopped(self) -> bool:
+        """Whether this rank, as master, stopped the job early."""
+        return isinstance(self.dispatcher, Master) and self.dispatcher.stopped
 
     # -- changing plans ---------------------------------------------------------------------
     def switch(self, plan: Plan) -> list[Out]:
@@ -219,7 +261,7 @@ class Station:
             returned = d.queue.copy()
             returned.add_ranges(d.up_returned.ranges())
             if d.up_done or returned:
-                outs.append(Out(0, Report(d.up_done.ranges(), tuple(d.up_results), 0, returned.ranges(),
+                outs.append(Out(self.hierarchy.master, Report(d.up_done.ranges(), tuple(d.up_results), 0, returned.ranges(),
                                           epoch=msg.epoch, orphan=True)))
             waiting = {r for r, c in d.children.items() if r != self.rank and not (c.left and not c.held)}
             if waiting:
@@ -229,7 +271,7 @@ class Station:
         w = self.worker
         if w is not None and w.done:
             report = w._drain_report(0)
-            outs.append(Out(0, Report(report.done, report.results, epoch=msg.epoch, orphan=True)))
+            outs.append(Out(self.hierarchy.master, Report(report.done, report.results, epoch=msg.epoch, orphan=True, failed=report.failed)))
         self.epoch = msg.epoch
         self.plans.append(Plan.from_dict(msg.plan))
         self._lay_out(build(self.size, self.plans[-1]))
@@ -256,7 +298,14 @@ class Station:
             sends += self.route([self._stamp(o) for o in outs])
             if tid == WAIT and (w.queue or w.final):
                 continue  # the grant came back in-process while routing
+            if self.config.ft:
+                sends += self._mirror_out()
             return tid, sends
+
+    def fail_task(self, info: str) -> None:
+        """The current task raised (``info``: error, rank, host): the master retries or records it."""
+        assert self.worker is not None
+        self.worker.fail(self.clock(), info)
 
     def _stamp(self, out: Out) -> Out:
         """Put the epoch and the planner's measurements on a worker's report."""
@@ -268,7 +317,7 @@ class Station:
         task_mean = w.task_times.mean if (msg.want and w.task_times.n) else 0.0
         msg_time = w.requests.message.mean if (msg.want and w.requests.message.n) else 0.0
         return Out(out.dest, Report(msg.done, msg.results, msg.want, msg.returned, msg.leaving,
-                                    self.epoch, False, task_mean, msg_time))
+                                    self.epoch, False, task_mean, msg_time, msg.failed, msg.task_max))
 
     def leave(self, done: bool = False, result: Result | None = None) -> list[Out]:
         """The user left the loop early: give back unstarted ids; return what to send.
@@ -315,7 +364,7 @@ class Station:
                         self.before_final()
             elif isinstance(msg, Report) and msg.epoch != self.epoch and not msg.orphan:
                 msg = Report(msg.done, msg.results, msg.want, msg.returned, msg.leaving, self.epoch,
-                             False, msg.task_mean, msg.msg_time)
+                             False, msg.task_mean, msg.msg_time, msg.failed, msg.task_max)
             if out.dest != self.rank:
                 remote.append(Out(out.dest, msg))
             elif isinstance(msg, Report):

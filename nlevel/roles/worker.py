@@ -74,6 +74,7 @@ class Worker:
         self.started = 0.0
         self.done = RangeSet()
         self.results: list[tuple[int, Result]] = []
+        self.failed: list[tuple[int, str]] = []  # tasks that raised, for the master to retry or record
         self.oldest_done = math.inf
         self.asked = False
         self.asked_at = 0.0
@@ -97,6 +98,26 @@ class Worker:
         if self.oldest_done == math.inf:
             self.oldest_done = now
 
+    def fail(self, now: float, info: str) -> None:
+        """The current task raised: report it (``info``: the error, rank and host) instead of a completion."""
+        tid = self.current
+        if tid is None:
+            return
+        self.current = None
+        self.failed.append((tid, info))
+        if self.oldest_done == math.inf:
+            self.oldest_done = now
+
+    def holding(self) -> RangeSet:
+        """Ids this worker holds: queued, running, finished but not yet reported."""
+        held = self.queue.copy()
+        held.add_ranges(self.done.ranges())
+        if self.current is not None:
+            held.add(self.current, self.current + 1)
+        for tid, _ in self.failed:
+            held.add(tid, tid + 1)
+        return held
+
     def want(self) -> int:
         """Return how many ids the next request asks for."""
         if self.chunk:
@@ -115,16 +136,18 @@ class Worker:
             if not self.asked and not self.final and len(self.queue) < self._last_want // 2:
                 # Cheap tasks (batches > 1): ask for the next batch before this one runs out.
                 outs.append(self._request(now, self.want()))
-            elif self.done and (len(self.done) >= self.report_every or now - self.oldest_done >= self.report_age):
+            elif (self.done or self.failed) and (
+                len(self.done) >= self.report_every or now - self.oldest_done >= self.report_age
+            ):
                 outs.append(Out(self.parent, self._drain_report(0)))
             return tid, outs
         if self.final:
-            if self.done:  # cannot happen with a sane parent; never drop a completion
+            if self.done or self.failed:  # cannot happen with a sane parent; never drop a completion
                 outs.append(Out(self.parent, self._drain_report(0)))
             return END, outs
         if not self.asked:
             outs.append(self._request(now, self.want()))
-        elif self.done:
+        elif self.done or self.failed:
             # A request is outstanding and may wait for these very completions (the
             # parent finishes the job only when everything granted is committed).
             outs.append(Out(self.parent, self._drain_report(0)))
@@ -142,7 +165,8 @@ class Worker:
         returned = self.queue.ranges()
         self.queue = RangeSet()
         report = self._drain_report(0)
-        return [Out(self.parent, Report(report.done, report.results, 0, returned, True))]
+        return [Out(self.parent, Report(report.done, report.results, 0, returned, True, failed=report.failed,
+                                                task_max=report.task_max))]
 
     # -- the parent's answers --------------------------------------------------------
     def on_grant(self, grant: Grant, now: float) -> None:
@@ -162,8 +186,10 @@ class Worker:
         return Out(self.parent, self._drain_report(want))
 
     def _drain_report(self, want: int) -> Report:
-        report = Report(self.done.ranges(), tuple(self.results), want)
+        report = Report(self.done.ranges(), tuple(self.results), want, failed=tuple(self.failed),
+                        task_max=self.task_times.hi if self.task_times.n else 0.0)
         self.done = RangeSet()
         self.results = []
+        self.failed = []
         self.oldest_done = math.inf
         return report

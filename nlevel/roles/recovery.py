@@ -1,0 +1,129 @@
+"""What a rank does when others die: the pure rules of region-local recovery.
+
+When MPI reports dead ranks, every surviving rank lays out the same hierarchy
+without them (:func:`nlevel.hierarchy.build` with ``failed``: each block is led by
+its lowest survivor). Then, per rank:
+
+* A server whose child died takes the child's ids back. A dead *slave* held exactly
+  what its parent granted it: requeued at once, nobody else is involved.
+* A dead *server* (region-master, or the master) had passed ids on to its subtree.
+  Its nearest surviving ancestor (:func:`reconciler`; the new master if the master
+  died) reconciles: every survivor whose parent died sends it a
+  :class:`~nlevel.protocol.Holding` (what it and its subtree hold), and once all the
+  :func:`expected` ones have, the ids the dead server held that nobody holds are
+  requeued (:class:`Reconciliation`). The Holding also goes to the survivor's new
+  parent, which records it as the child's held ids, so a later death is handled
+  the same way.
+* The master's ledger survives on a deputy (the lowest surviving rank after the
+  master), which gets a copy of every commit; the deputy is also the next master.
+  If both die at once, the new master starts from the checkpoint file.
+
+An id is requeued only when no survivor holds it, so it runs twice only if it was
+in flight at a process that died. Pure Python, no MPI.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..hierarchy import Hierarchy, Role
+from ..ranges import RangeSet
+
+__all__ = ["expected", "reconciler", "deputy", "Reconciliation"]
+
+
+def expected(dead: int, old: Hierarchy, failed: frozenset[int]) -> set[int]:
+    """Survivors that must send a Holding for ``dead``: its children in ``old``, through dead ones."""
+    out: set[int] = set()
+    stack = list(old[dead].children)
+    while stack:
+        c = stack.pop()
+        if c in failed:
+            stack.extend(old[c].children)
+        else:
+            out.add(c)
+    return out
+
+
+def reconciler(rank: int, old: Hierarchy, new: Hierarchy) -> int:
+    """The nearest ancestor of ``rank`` in ``old`` that survives in ``new`` (else the new master)."""
+    p = old[rank].parent
+    while p is not None and new[p].role is Role.DEAD:
+        p = old[p].parent
+    return p if p is not None else new.master
+
+
+def deputy(h: Hierarchy) -> int | None:
+    """The rank that keeps a copy of the master's ledger: the lowest survivor after the master."""
+    return next((n.rank for n in h.nodes if n.role is not Role.DEAD and n.rank != h.master), None)
+
+
+class Reconciliation:
+    """A reconciler's pending work: ids dead servers held, and the Holdings still to come.
+
+    Args:
+        everything: The master died: every id not committed is in question (``held`` unused).
+    """
+
+    def __init__(self, everything: bool = False) -> None:
+        self.everything = everything
+        self.held = RangeSet()  # ids the dead servers held here
+        self.expected: set[int] = set()
+        self.got: dict[int, RangeSet] = {}
+        self.records: list[dict[str, Any]] = []  # failures whose recovery ends when this does
+
+    def add_dead(self, held: RangeSet, survivors: set[int], record: dict[str, Any]) -> None:
+        """A server died holding ``held``; ``survivors`` will tell what they hold."""
+        self.held.add_ranges(held.ranges())
+        self.expected |= survivors
+        self.records.append(record)
+
+    def member_died(self, rank: int, survivors: set[int]) -> None:
+        """An expected sender died: its holding is void; ``survivors`` (its children) report instead."""
+        self.expected.discard(rank)
+        self.got.pop(rank, None)
+        self.expected |= survivors
+
+    def receive(self, src: int, held: RangeSet) -> None:
+        """A Holding arrived (a later one from the same sender replaces the earlier)."""
+        self.got[src] = held
+        self.expected.discard(src)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every expected Holding has arrived."""
+        return not self.expected
+
+    def lost(self, in_question: RangeSet, settled: RangeSet) -> RangeSet:
+        """Ids of ``in_question`` that nobody holds and nobody finished: to run again."""
+        lost = in_question.copy()
+        for held in self.got.values():
+            lost.remove_ranges(held.ranges())
+        if settled:
+            lost.remove_ranges(settled.ranges())
+        return lost
+
+
+def failure_record(rank: int, old: Hierarchy, held: int, how: str, by: int, wall: float) -> dict[str, Any]:
+    """One entry of the run report's ``failures``: filled in when the recovery is done."""
+    return {
+        "rank": rank,
+        "role": old[rank].role.value,
+        "level": old[rank].level,
+        "how": how,
+        "detected_by": by,
+        "detected_at": wall,
+        "held": held,
+        "requeued": 0,
+        "quarantined": [],
+        "recovered_at": None,
+        "recovery_ms": None,
+    }
+
+
+def close_record(record: dict[str, Any], requeued: int, quarantined: list[int], wall: float) -> None:
+    """The recovery of ``record``'s failure is done: its ids are back in a queue."""
+    record["requeued"] += requeued
+    record["quarantined"] += quarantined
+    record["recovered_at"] = wall
+    record["recovery_ms"] = round((wall - record["detected_at"]) * 1e3, 3)
