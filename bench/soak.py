@@ -70,6 +70,8 @@ def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dic
                      then_new_leader=t["then_new_leader"], seed=t["seed"])
     app = [APP, "--n", str(args.n), "--sleep-ms", str(args.sleep_ms), "--checkpoint", "run.h5",
            "--checkpoint-interval", "0.1", "--report", "r.json", "--quiet"]
+    if t["signal"] == "STOP":
+        app += ["--lease-min", str(args.lease_min)]
     res = inject.run(t["size"], plan_of(t["levels"], t["regions"]), app, sched,
                      ft=None if args.ft == "none" else args.ft, cwd=d, env=env,
                      checkpoint="run.h5", report="r.json", timeout=args.timeout)
@@ -159,6 +161,8 @@ def main() -> None:
     p.add_argument("--n", type=int, default=3000, help="tasks per trial [default 3000]")
     p.add_argument("--sleep-ms", type=float, default=5.0, help="task length [default 5 ms]")
     p.add_argument("--timeout", type=float, default=90.0, help="seconds before a trial is a hang [default 90]")
+    p.add_argument("--lease-min", type=float, default=2.0,
+                   help="--lease-min of trials with SIGSTOP victims (the library's default is 10 s) [default 2]")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "soak.json"))
     p.add_argument("--keep", action="store_true", help="keep each trial's directory (logs, checkpoint, report)")
     args = p.parse_args()

@@ -254,7 +254,7 @@ def _wait_for(cond: Callable[[], bool], timeout: float, alive: Callable[[], bool
 
 def inject(marker: str, size: int, plan: Plan, schedule: Schedule, *,
            checkpoint: str | os.PathLike[str] | None = None, timeout: float = 120.0,
-           alive: Callable[[], bool] = lambda: True,
+           alive: Callable[[], bool] = lambda: True, dead: frozenset[int] = frozenset(),
            log: Callable[[str], None] = lambda s: None) -> list[Kill]:
     """Wait for the job's ranks, then kill victims as ``schedule`` says.
 
@@ -266,6 +266,7 @@ def inject(marker: str, size: int, plan: Plan, schedule: Schedule, *,
         checkpoint: the job's checkpoint (needed by ``schedule.after_committed``).
         timeout: give up (no kill) when the trigger is not met within this many seconds.
         alive: returns False once the job has ended (stops waiting early).
+        dead: ranks already dead (an earlier injection): not waited for, roles without them.
         log: receives one line per event.
 
     Returns:
@@ -277,14 +278,15 @@ def inject(marker: str, size: int, plan: Plan, schedule: Schedule, *,
     if schedule.after_committed is not None and checkpoint is None:
         raise ValueError("after_committed needs the job's checkpoint path")
     extra = 1 if schedule.then_new_leader is not None else 0
-    if schedule.count + extra >= size:
-        raise ValueError(f"{schedule.count + extra} victims of {size} ranks leaves no survivor")
+    if schedule.count + extra + len(dead) >= size:
+        raise ValueError(f"{schedule.count + extra} victims of {size - len(dead)} live ranks "
+                         f"leaves no survivor")
     rng = random.Random(schedule.seed)
     pids: dict[int, int] = {}
 
     def all_up() -> bool:
         pids.update(find_ranks(marker))
-        return len(pids) >= size
+        return set(range(size)) - dead <= set(pids)
 
     if not _wait_for(all_up, timeout, alive):
         log(f"inject: only ranks {sorted(pids)} of {size} appeared; no kill")
@@ -306,7 +308,7 @@ def inject(marker: str, size: int, plan: Plan, schedule: Schedule, *,
         return []
 
     kills: list[Kill] = []
-    failed: frozenset[int] = frozenset()
+    failed = frozenset(dead)
 
     def strike(rank: int, role: str, note: str = "") -> None:
         nonlocal failed
@@ -611,6 +613,7 @@ def _schedule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--after-committed", type=int, default=None, metavar="K",
                    help="wait until the checkpoint records >= K committed ids")
     p.add_argument("--checkpoint", default=None, help="the job's checkpoint (for --after-committed)")
+    p.add_argument("--dead", default="", help="ranks already dead (earlier injections), e.g. 0,5")
     p.add_argument("--spacing", type=float, default=0.0, help="seconds between victims [default 0]")
     p.add_argument("--then-new-leader", type=float, default=None, metavar="SECONDS",
                    help="then kill the new leader of the first victim's block this much later")
@@ -630,7 +633,7 @@ def _schedule(a: argparse.Namespace) -> Schedule:
                     a.then_new_leader, a.seed)
 
 
-def _regions(text: str) -> tuple[int, ...]:
+def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
@@ -658,7 +661,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             app_args += ["--checkpoint", a.checkpoint]
         if a.report and "--report" not in app_args:
             app_args += ["--report", a.report]
-        plan = plan_of(a.levels, _regions(a.regions))
+        plan = plan_of(a.levels, _ints(a.regions))
         res = run(a.size, plan, app_args, None if a.no_fault else _schedule(a), ft=a.ft,
                   checkpoint=a.checkpoint, report=a.report, timeout=a.timeout, log=say)
         summary = res.to_json()
@@ -678,9 +681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"NAME=VALUE in the job's environment, or a value of {MARKER_VAR}")
     _schedule_args(p)
     a = p.parse_args(argv)
-    plan = plan_of(a.levels, _regions(a.regions))
+    plan = plan_of(a.levels, _ints(a.regions))
     kills = inject(a.job_marker, a.size, plan, _schedule(a), checkpoint=a.checkpoint,
-                   timeout=a.timeout, log=say)
+                   timeout=a.timeout, dead=frozenset(_ints(a.dead)), log=say)
     if a.log:
         with open(a.log, "w") as f:
             json.dump({"marker": a.job_marker, "kills": [asdict(k) for k in kills]}, f, indent=1)
