@@ -118,7 +118,8 @@ def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
     rows: dict[tuple[str, str], dict[str, list[float]]] = {}
     for t in landed:
         for f in t["audit"]["failures"]:
-            role = "new-leader" if f["role"] == "new-leader" else f["role"]
+            # A successor is measured against the role it was elected to.
+            role = f"new {t['role']}" if f["role"] == "new-leader" else f["role"]
             r = rows.setdefault((role, f["signal"]), {"detect": [], "recovery": [], "k2r": [], "n": []})
             r["n"].append(1)
             for key, src in (("detect", "detect_ms"), ("recovery", "recovery_ms"), ("k2r", "kill_to_recovered_ms")):
@@ -135,16 +136,16 @@ def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
         f"{s['re_executed_elsewhere']}; ranks left running {s['leftover_ranks']}, kills missing from the report "
         f"{s['unreported_kills']}",
         "",
-        f"{'role':<14} {'signal':<6} {'kills':>5} {'matched':>7}  {'detect p50/p99 ms':>18}  "
+        f"{'role':<17} {'signal':<6} {'kills':>5} {'matched':>7}  {'detect p50/p99 ms':>18}  "
         f"{'recovery p50/p99 ms':>20}  {'kill->recovered p50/p99':>24}  target p99",
     ]
     for (role, sig), r in sorted(rows.items()):
         pr = {"kills": len(r["n"]), "matched": len(r["recovery"]),
               **{f"{k}_p{q}": percentile(r[k], q) for k in ("detect", "recovery", "k2r") for q in (50, 99)}}
         per_role[f"{role}/{sig}"] = pr
-        target = TARGET_MS.get(role if role != "new-leader" else "region-master")
+        target = TARGET_MS.get(role.removeprefix("new "))
         lines.append(
-            f"{role:<14} {sig:<6} {pr['kills']:>5} {pr['matched']:>7}  "
+            f"{role:<17} {sig:<6} {pr['kills']:>5} {pr['matched']:>7}  "
             f"{_ms(pr['detect_p50']):>8} / {_ms(pr['detect_p99']):>7}  "
             f"{_ms(pr['recovery_p50']):>9} / {_ms(pr['recovery_p99']):>8}  "
             f"{_ms(pr['k2r_p50']):>11} / {_ms(pr['k2r_p99']):>10}  "

@@ -175,3 +175,38 @@ def test_cli_injects_into_a_running_job_and_writes_the_log(fake_job, tmp_path):
     assert len(kills) == 2 and {k["signal"] for k in kills} == {"TERM"}
     for k in kills:
         assert k["rank"] != 0 and procs[k["rank"]].wait(timeout=5) == -signal.SIGTERM
+
+
+def test_audit_checks_the_promise_from_checkpoint_logs_and_report(tmp_path):
+    import numpy as np
+
+    from nlevel import checkpoint as ckpt
+
+    meta = ckpt.RunMeta(10, "f", "{}", "{}", "test")
+    ckpt.write(tmp_path / "run.h5", meta, ckpt.Snapshot(np.array([[0, 8]]), [], []))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "exec-1.log").write_text("0\n1\n2\n3\n")
+    (logs / "exec-2.log").write_text("4\n5\n")       # rank 2 was killed holding 4 and 5
+    (logs / "exec-3.log").write_text("4\n5\n6\n1\n")  # 1 ran twice, never on a dead rank
+    kills = [inject.Kill(100.0, 2, 1234, "slave", "KILL"), inject.Kill(100.5, 5, 1235, "slave", "STOP")]
+    report = {"recomputed": 0, "failures": [
+        {"rank": 2, "role": "slave", "detected_at": 100.008, "recovered_at": 100.010, "recovery_ms": 2.0,
+         "requeued": 2, "held": [4, 5]}]}
+    a = inject.audit(10, [logs], tmp_path / "run.h5", report, kills)
+    assert a["committed"] == 8 and a["lost"] == 2 and a["double_commits"] == 0
+    assert a["never_ran"] == 1  # 7 is committed but no log shows it running
+    assert a["re_executed"] == 3 and a["bound"] == 2 and a["within_bound"] is False
+    assert a["re_executed_elsewhere"] == [1]
+    assert a["unreported"] == [5]
+    f = a["failures"][0]
+    assert f["detect_ms"] == pytest.approx(8.0) and f["kill_to_recovered_ms"] == pytest.approx(10.0)
+    assert f["recovery_ms"] == 2.0 and a["failures"][1]["detect_ms"] is None
+    assert not inject.audit(10, [logs], tmp_path / "missing.h5", None, [])["checkpoint_readable"]
+
+
+def test_percentile_is_nearest_rank():
+    assert inject.percentile([], 50) is None
+    assert inject.percentile(list(range(1, 11)), 50) == 5
+    assert inject.percentile(list(range(1, 101)), 99) == 99
+    assert inject.percentile([3.0], 99) == 3.0
