@@ -20,6 +20,7 @@ This module does no MPI itself: the transport does (see :mod:`nlevel.comm`).
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -109,6 +110,13 @@ class Farm:
         self.report: dict[str, Any] | None = None
         self.rank = t.rank
         self.size = t.size
+        self._writer: ckpt.Writer | None = None
+        self._meta: ckpt.RunMeta | None = None
+        self._ledger: Any = None
+        self.failed: tuple[int, ...] = ()  # ranks that died during the run (fault-tolerant runs)
+        self._survivors: Any = None  # the transport over the survivors, after the end
+        self._exit_code: int | None = None  # after failures: the process must end with os._exit
+        atexit.register(self._exit_guard)
         try:
             self._setup(t, problem, total, checkpoint, fingerprint, fresh, config)
         except BaseException:
@@ -157,7 +165,10 @@ class Farm:
         self.config, plan = value[0], value[1]
         self.hierarchy: Hierarchy = build(self.size, plan)
         self._checkpoint_path = value[2]
+        self._meta = value[3]
         t.poll_max = self.config.poll_max
+        if self.config.ft:
+            t.enable_ft()  # from here on a dead rank is an event, not an error
         # A rank that serves while computing runs a server thread beside the user's task.
         info = self.hierarchy[self.rank]
         needs_threads = bool(info.children) and info.computes
@@ -168,18 +179,22 @@ class Farm:
             )
         self._progress = None
         local: BaseException | None = None
+        ft = self.config.ft
         try:
             self._node = Node(
                 t,
                 self.hierarchy,
                 self.config,
                 ledger=self._ledger if self.rank == 0 else None,
-                on_checkpoint=self._write_checkpoint if (self.rank == 0 and self._checkpoint_path) else None,
+                # Under fault tolerance any rank may become the master and write the checkpoint.
+                on_checkpoint=self._write_checkpoint if ((self.rank == 0 or ft) and self._checkpoint_path) else None,
+                recover=self._recover if ft else None,
             )
             if self.rank == 0 and self.config.progress:
                 from .progress import Progress
 
                 ledger = self._ledger
+                assert ledger is not None
                 self._progress = Progress(
                     self.total, lambda: ledger.n_committed, plan.describe(), self.config.progress_interval, ledger.resumed
                 )
@@ -195,7 +210,6 @@ class Farm:
 
         config = config if config is not None else Config.from_env()
         plan = config.plan(self.size)
-        self._writer: ckpt.Writer | None = None
         path = os.fspath(checkpoint) if checkpoint is not None else None
         snap = ckpt.Snapshot.empty()
         if path is not None:
@@ -218,11 +232,30 @@ class Farm:
             snap.result_values.ravel().tolist(),
             width=len(self.result_fields) if self.result_fields else 1,
         )
-        return config, plan, path
+        return config, plan, path, self._meta
 
+    def _recover(self) -> Any:
+        """This rank takes over as master without the deputy's copy: start from the checkpoint file."""
+        from .roles.ledger import Ledger
+
+        width = len(self.result_fields) if self.result_fields else 1
+        snap = ckpt.Snapshot.empty()
+        if self._checkpoint_path is not None and self._meta is not None:
+            try:
+                snap = ckpt.load(self._checkpoint_path, self._meta)
+            except NlevelError as exc:
+                sys.stderr.write(f"nlevel: rank {self.rank}: taking over as master, the checkpoint is unusable "
+                                 f"({exc}); every uncommitted task runs again\n")
+        self._ledger = Ledger(
+            self.total, map(tuple, snap.completed.tolist()), snap.result_ids.tolist(),
+            snap.result_values.ravel().tolist(), width=width,
+        )
+        return self._ledger
     # -- checkpoint (rank 0) ------------------------------------------------------------
     def _write_checkpoint(self, ledger: Any, final: bool) -> None:
         writer = self._writer
+        if writer is None and self._meta is not None and self._checkpoint_path is not None:
+            writer = self._writer = ckpt.Writer(self._checkpoint_path, self._meta)  # a new master
         if writer is None:
             return
         completed, ids, values = ledger.arrays()
@@ -264,14 +297,19 @@ class Farm:
         self._current_result = value
 
     def results(self) -> tuple[Any, Any] | None:
-        """Rank 0: (ids, values) of every committed result, this run's and resumed ones; else None.
+        """The master (rank 0 unless it died): (ids, values) of every committed result; else None.
 
         ``values`` has shape ``(n,)``, or ``(n, len(result_fields))``.
         """
-        if self.rank != 0:
+        ledger = self._node.ledger
+        if ledger is None:
             return None
-        _, ids, values = self._ledger.arrays()
+        _, ids, values = ledger.arrays()
         return ids, values
+
+    def fail(self, info: str) -> None:
+        """The current task raised (``info``: the error text): the master retries it or records it failed."""
+        self._node.fail_task(info)
 
     def next(self) -> int:
         """Report the current task finished and return the next id, or -1 when this rank is done."""
@@ -297,7 +335,21 @@ class Farm:
         if exc_type is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
             self.close()
             return
-        _abort_job(self.rank, "unhandled exception in the task loop", exc_type, exc, tb)
+        _abort_job(self.rank, "unhandled exception in the task loop", exc_type, exc, tb, self._ft)
+
+    @property
+    def _ft(self) -> bool:
+        return bool(getattr(self._transport, "ft", False))
+
+    def _exit_guard(self) -> None:
+        """At interpreter exit: a rank leaving mid-job must not hang the others; after failures, skip MPI_Finalize."""
+        if not self._closed:
+            sys.stderr.write(f"nlevel: rank {self.rank}: the process is exiting in the middle of the job\n")
+            _die(self._ft)
+        elif self._exit_code is not None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(self._exit_code)  # MPI_Finalize may hang after failures (see MPI_NOTES)
 
     def close(self) -> None:
         """End the farm on this rank; returns when the job is finished on every rank."""
@@ -313,14 +365,23 @@ class Farm:
         if self._progress is not None:
             self._progress.close()
         node, t = self._node, self._transport
-        t.flush()
+        if t.ft:
+            t.flush(timeout=5.0)  # (a send to a rank that died never completes)
+            tt = t.shrink()  # the survivors, whoever they are: every collective from here is theirs
+            alive = set(tt.comm.allgather(self.rank))
+            self.failed = tuple(r for r in range(self.size) if r not in alive)
+            if self.failed:
+                self._exit_code = 1  # the master's report decides (below)
+        else:
+            t.flush()
+            tt = t
+        self._survivors = tt
         row, merged = node.stats()
-        rows = t.gather(row)  # a few numbers per rank
-        totals = t.reduce(merged, merge_stats)  # summaries merged up a tree, not gathered whole
+        rows = tt.gather(row)  # a few numbers per rank
+        totals = tt.reduce(merged, merge_stats)  # summaries merged up a tree, not gathered whole
         error: BaseException | None = None
-        if self.rank == 0:
-            assert rows is not None
-            ledger = self._ledger
+        if node.ledger is not None and rows is not None:
+            ledger = node.ledger
             error = node.checkpoint_error
             if self._writer is not None:
                 try:
@@ -339,32 +400,59 @@ class Farm:
                 wall=time.perf_counter() - self._t0,
                 checkpoint=self._checkpoint_path,
                 writer=self._writer,
+                failures=sorted(totals["failures"], key=lambda f: f["detected_at"]),
             )
+            self.report["dead_ranks"] = list(self.failed)
             self.report["plan_history"] = [p.to_dict() for p in station.plans]
             self.report["stopped"] = "SIGUSR1" if station.stopped else None
             self.report["decisions"] = station.planner.report() if station.planner is not None else []
             if error is not None:
                 self.report["checkpoint_error"] = str(error)
+        if self.report is not None and self._exit_code is not None:
+            self._exit_code = 0 if self.report["complete"] else 1
         t.close()
+        if tt is not t and not self.failed:
+            tt.comm.Free()
+        if self._exit_code is not None:
+            self._exit_code = int(tt.bcast(self._exit_code))  # rank 0 of the survivors is the master
         if error is not None:
             raise error if isinstance(error, NlevelError) else ckpt.CheckpointError(str(error))
 
     @property
     def committed(self) -> int | None:
-        """Ids committed so far (rank 0; None elsewhere)."""
-        return self._ledger.n_committed if self.rank == 0 else None
+        """Ids committed so far (the master; None elsewhere)."""
+        ledger = self._node.ledger
+        return ledger.n_committed if ledger is not None else None
+
+    def agree_status(self, status: int) -> int:
+        """The worst of every surviving rank's ``status`` (collective; after the farm ended)."""
+        tt = self._survivors or self._transport
+        return tt.allreduce_max(status)
 
 
-def _abort_job(rank: int, what: str, exc_type: Any, exc: Any, tb: Any) -> None:
-    """Print the error with rank and host, then abort the whole job: no rank may hang on it."""
+def _abort_job(rank: int, what: str, exc_type: Any, exc: Any, tb: Any, ft: bool = False) -> None:
+    """Print the error with rank and host, then end: the whole job, or under fault tolerance this process alone.
+
+    No rank may hang on it: under fault tolerance this process dies by SIGKILL, which the
+    others detect (an ordinary exit would leave them waiting, see MPI_NOTES).
+    """
     from . import comm as transport_mod
 
-    sys.stderr.write(
-        f"nlevel: rank {rank} on {transport_mod.host()}: {what}; aborting the job "
-        f"(the checkpoint keeps what was committed)\n"
-    )
+    then = "killing this process; the others carry on without it" if ft else (
+        "aborting the job (the checkpoint keeps what was committed)")
+    sys.stderr.write(f"nlevel: rank {rank} on {transport_mod.host()}: {what}; {then}\n")
     traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
+    _die(ft)
+
+
+def _die(ft: bool) -> None:
+    """End this process so that no other rank hangs: SIGKILL itself (fault tolerant), else abort the job."""
+    from . import comm as transport_mod
+
+    sys.stdout.flush()
     sys.stderr.flush()
+    if ft:
+        transport_mod.kill_self()
     transport_mod.abort(1)
 
 
@@ -406,7 +494,7 @@ def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = Non
     except NlevelError:
         raise
     except BaseException as exc:  # get_task_id has no with-block: abort here rather than hang the others
-        _abort_job(farm.rank, "error inside get_task_id", type(exc), exc, exc.__traceback__)
+        _abort_job(farm.rank, "error inside get_task_id", type(exc), exc, exc.__traceback__, farm._ft)
         raise
     if tid < 0:
         del _active[key]

@@ -8,15 +8,21 @@ probes (thread-safe: the server thread and the main thread may both receive).
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import time
 from typing import Any
 
 from mpi4py import MPI
 
 from .backoff import Backoff
-from .protocol import Message, Tag, decode, encode
+from .protocol import Failed, Message, Tag, decode, encode
 
-__all__ = ["Transport", "world", "comm_key", "abort", "host"]
+# Error classes of a dead peer under ULFM (MPI_ERR_PROC_FAILED, _PENDING, MPI_ERR_REVOKED).
+_FAILURE_CLASSES = {getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED") if hasattr(MPI, n)}
+
+__all__ = ["Transport", "world", "comm_key", "abort", "host", "kill_self"]
 
 
 def world() -> MPI.Comm:
@@ -32,6 +38,11 @@ def comm_key(comm: Any) -> int:
 def abort(code: int = 1) -> None:
     """Abort the whole job (no rank may hang on an error)."""
     MPI.COMM_WORLD.Abort(code)
+
+
+def kill_self() -> None:
+    """SIGKILL this process: under ULFM the other ranks detect it and carry on (an exit would hang them)."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def host() -> str:
@@ -56,23 +67,82 @@ class Transport:
         self.poll_max = poll_max
         self._sends: list[MPI.Request] = []
         self._status = MPI.Status()
+        self.ft = False  # set by the farm: report dead peers as Failed events instead of raising
+        self.failed: set[int] = set()
+        self.places: list[tuple[str, int]] = []  # (host, pid) of every rank, under fault tolerance
+
+    # -- fault tolerance ----------------------------------------------------------------
+    def enable_ft(self) -> None:
+        """Turn on failure reporting (collective: learns every rank's host and pid, to kill hung ones)."""
+        self.ft = True
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.places = self.comm.allgather((host(), os.getpid()))
+
+    def _dead(self, exc: Exception) -> Failed | None:
+        """After an MPI error: acknowledge and return the newly dead ranks (None if there are none)."""
+        if not self.ft:
+            raise exc
+        try:
+            self.comm.Ack_failed()
+            group = self.comm.Get_failed()
+            ranks = group.Translate_ranks(list(range(group.Get_size())), self.comm.Get_group())
+            group.Free()
+        except MPI.Exception:
+            raise exc from None
+        new = sorted(set(ranks) - self.failed)
+        if not new:
+            if isinstance(exc, MPI.Exception) and exc.Get_error_class() not in _FAILURE_CLASSES:
+                raise exc
+            return None
+        self.failed.update(new)
+        return Failed(tuple(new))
+
+    def kill(self, rank: int) -> bool:
+        """SIGKILL ``rank`` if it runs on this host (a hung process; MPI then reports it dead); return whether done."""
+        if not self.places or self.places[rank][0] != self.places[self.rank][0]:
+            return False
+        try:
+            os.kill(self.places[rank][1], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return True
+
+    def relay_for(self, rank: int) -> int | None:
+        """A live rank on ``rank``'s host (to kill it from there), or None."""
+        if not self.places:
+            return None
+        where = self.places[rank][0]
+        return next((r for r, (h, _) in enumerate(self.places) if h == where and r != rank and r not in self.failed), None)
 
     # -- point to point ---------------------------------------------------------------
     def send(self, dest: int, msg: Message) -> None:
-        """Send ``msg`` to ``dest`` without blocking."""
+        """Send ``msg`` to ``dest`` without blocking (to a dead rank: dropped)."""
+        if dest in self.failed:
+            return
         tag, payload = encode(msg)
-        self._sends.append(self.comm.isend(payload, dest, tag))
+        try:
+            self._sends.append(self.comm.isend(payload, dest, tag))
+        except MPI.Exception as exc:
+            self._dead(exc)  # the dead are reported by the next poll
         if len(self._sends) >= 32:
             self._reap()
 
     def poll(self) -> tuple[int, Message] | None:
-        """Return ``(source, message)`` if one is waiting, else None."""
+        """Return ``(source, message)`` if one is waiting, else None.
+
+        Under fault tolerance, dead peers come back as ``(-1, Failed(ranks))``.
+        """
         status = self._status
-        m = self.comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
-        if m is None:
-            return None
-        src, tag = status.Get_source(), status.Get_tag()
-        return src, decode(tag, m.recv())
+        try:
+            m = self.comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+            if m is None:
+                return None
+            src, tag = status.Get_source(), status.Get_tag()
+            payload = m.recv()
+        except MPI.Exception as exc:
+            failed = self._dead(exc)
+            return (-1, failed) if failed is not None else None
+        return src, decode(tag, payload)
 
     def wait_grant(self, parent: int) -> Message:
         """Block (with backoff, never spinning) until ``parent``'s next grant arrives."""
@@ -90,15 +160,43 @@ class Transport:
         return bool(MPI.Query_thread() == MPI.THREAD_MULTIPLE)
 
     def _reap(self) -> None:
-        self._sends = [r for r in self._sends if not r.Test()]
+        keep = []
+        for r in self._sends:
+            try:
+                if not r.Test():
+                    keep.append(r)
+            except MPI.Exception as exc:  # its destination died
+                self._dead(exc)
+        self._sends = keep
 
-    def flush(self) -> None:
-        """Wait until every send has completed."""
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every send has completed (at most ``timeout`` seconds); return whether all did."""
         backoff = Backoff(self.poll_max)
+        end = None if timeout is None else time.monotonic() + timeout
         while self._sends:
             self._reap()
             if self._sends:
+                if end is not None and time.monotonic() > end:
+                    return False
                 backoff.wait()
+        return True
+
+    def shrink(self) -> Transport:
+        """Return a transport over the surviving ranks (collective over them; ULFM)."""
+        t = object.__new__(Transport)
+        t.comm = self.comm.Shrink()
+        t.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        t.rank, t.size, t.poll_max = t.comm.Get_rank(), t.comm.Get_size(), self.poll_max
+        t._sends, t._status, t.ft, t.failed, t.places = [], MPI.Status(), True, set(), []
+        return t
+
+    def agree(self, flag: bool = True) -> bool:
+        """Fault-tolerant agreement: the AND of ``flag`` over the live ranks (ULFM)."""
+        return bool(self.comm.Agree(int(flag)))
+
+    def allreduce_max(self, value: int) -> int:
+        """Return the largest ``value`` over all ranks."""
+        return int(self.comm.allreduce(value, op=MPI.MAX))
 
     # -- collectives (setup and teardown only) ------------------------------------------
     def bcast(self, obj: Any, root: int = 0) -> Any:
@@ -124,6 +222,8 @@ class Transport:
         return bool(self.comm.allreduce(bool(flag), op=MPI.LOR))
 
     def close(self) -> None:
-        """Complete pending sends and free the private communicator."""
+        """Complete pending sends and free the private communicator (after failures: neither can be trusted)."""
+        if self.ft and self.failed:
+            return
         self.flush()
         self.comm.Free()

@@ -18,7 +18,7 @@ from . import signals
 from .backoff import Backoff
 from .config import Config
 from .hierarchy import Hierarchy
-from .protocol import Report, Result
+from .protocol import Kill, Report, Result
 from .roles.dispatch import Master, Region
 from .roles.ledger import Ledger
 from .roles.station import Station
@@ -49,6 +49,7 @@ class Node:
         config: Config,
         ledger: Ledger | None = None,
         on_checkpoint: Callable[[Ledger, bool], None] | None = None,
+        recover: Callable[[], Ledger] | None = None,
     ) -> None:
         self.t = transport
         self.rank = transport.rank
@@ -56,7 +57,7 @@ class Node:
         self.on_checkpoint = on_checkpoint
         self.lock = threading.Condition()
         self.error: BaseException | None = None
-        self.station = Station(hierarchy, self.rank, config, clock, ledger, self._checkpoint_final)
+        self.station = Station(hierarchy, self.rank, config, clock, ledger, self._checkpoint_final, recover=recover)
         self._flushed_at = clock()
         self._flushed_count = 0
         self._final_written = False
@@ -218,7 +219,21 @@ class Node:
 
     def _send(self, outs: list[Out]) -> None:
         for out in outs:
-            self.t.send(out.dest, out.msg)
+            if isinstance(out.msg, Kill):
+                self._kill(out.msg.rank)
+            else:
+                self.t.send(out.dest, out.msg)
+
+    def _kill(self, rank: int) -> None:
+        """A lease expired: kill the hung rank here if it is on this host, else ask a rank on its host."""
+        if rank in self.t.failed or rank == self.rank:
+            return
+        if self.t.kill(rank):
+            sys.stderr.write(f"nlevel: rank {self.rank}: rank {rank} held tasks past its lease; killed it\n")
+            return
+        relay = self.t.relay_for(rank)
+        if relay is not None:
+            self.t.send(relay, Kill(rank))
 
     def _stop_if_asked(self) -> list[Out]:
         """The master, on SIGUSR1: save what is committed now, then stop granting (lock held)."""
@@ -282,5 +297,11 @@ class Node:
             "tasks": w.task_times if w is not None else None,
             "requests": {info.level: requests} if requests is not None and requests.total.n else {},
             "unexpected": st.unexpected_before + (d.unexpected if d is not None else 0),
+            "failures": list(st.failures),
         }
         return row, merged
+
+    def fail_task(self, info: str) -> None:
+        """The current task raised: report it instead of a completion (the master retries or records it)."""
+        with self.lock:
+            self.station.fail_task(info)

@@ -32,7 +32,12 @@ def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     for side in (a["requests"], b["requests"]):
         for level, rt in side.items():
             requests.setdefault(level, RequestTimes()).merge(rt)
-    return {"tasks": tasks, "requests": requests, "unexpected": a["unexpected"] + b["unexpected"]}
+    return {
+        "tasks": tasks,
+        "requests": requests,
+        "unexpected": a["unexpected"] + b["unexpected"],
+        "failures": a.get("failures", []) + b.get("failures", []),
+    }
 
 
 def build_report(
@@ -81,6 +86,9 @@ def build_report(
         "unexpected_completions": unexpected,
         "complete": ledger.complete(),
         "failures": failures or [],
+        "failed_tasks": [
+            {"id": tid, "attempts": n, "error": info} for tid, (n, info) in sorted(ledger.failed.items())
+        ],
         "tasks": {"run": tasks.n, **tasks.to_dict(1e3)},
         "task_time_sum_s": busy,
         "overhead": (1.0 - busy / (size * wall)) if wall > 0 and size else 0.0,
@@ -154,6 +162,14 @@ def format_summary(report: dict[str, Any]) -> str:
                 f"= message {parts['message']['mean']:.3f} x2 + wait {parts['wait']['mean']:.3f} "
                 f"+ dispose {parts['dispose']['mean']:.3f} ms"
             )
+    if report.get("failures"):
+        lines.append(f"  survived {len(report['failures'])} process failure(s): " + ", ".join(
+            f"rank {f['rank']} ({f['role']}, {f['requeued']} requeued, recovered in {f['recovery_ms']} ms)"
+            for f in report["failures"][:5]) + (" ..." if len(report["failures"]) > 5 else ""))
+    if report.get("failed_tasks"):
+        first = report["failed_tasks"][0]
+        lines.append(f"  {len(report['failed_tasks'])} task(s) failed; first: task {first['id']}: "
+                     f"{first['error'].strip().splitlines()[-1] if first['error'].strip() else '?'}")
     if not report["complete"]:
         why = " (stopped by SIGUSR1; the same command resumes)" if report.get("stopped") else ""
         lines.append(f"  INCOMPLETE: {report['total'] - report['committed']} tasks not committed{why}")

@@ -183,8 +183,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             config=config,
             result_fields=app.result_fields,
         ) as farm:
+            on_error = farm.config.on_task_error
             for task_id in farm:
-                result = app.do_job(task_id)
+                try:
+                    result = app.do_job(task_id)
+                except Exception:
+                    if on_error == "abort":
+                        raise
+                    farm.fail(_task_error(task_id, rank))  # retried elsewhere, or recorded failed
+                    continue
                 if result is not None:
                     farm.complete(result)
     except NlevelError as exc:
@@ -195,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:  # the run happened but its end failed (e.g. the last checkpoint write)
             status = 1
             print(f"nlevel: error: {exc}", file=sys.stderr, flush=True)
-    if rank == 0 and farm is not None and farm.report is not None:
+    if farm is not None and farm.report is not None:  # the master (rank 0 unless it died)
         report = farm.report
         report["app"] = {"name": app.name, "options": _app_options(app, options), "argv": list(argv or sys.argv[1:])}
         if options.report:
@@ -211,7 +218,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif status == 0:
             status = _finish_app(app, farm, options)
     # Every rank ends with the worst status any rank saw; no rank waits on one that failed alone.
+    if farm is not None and farm.failed:
+        status = farm.agree_status(status)  # over the survivors
+        farm._exit_code = status  # the process ends with os._exit (MPI_Finalize may hang after failures)
+        return status
     return int(world.allreduce(status, op=MPI.MAX))
+
+
+def _task_error(task_id: int, rank: int) -> str:
+    """The error of a task that raised, with where it ran, for the report (the last 20 traceback lines)."""
+    from .comm import host
+
+    text = "".join(traceback.format_exc().splitlines(keepends=True)[-20:])
+    return f"{text}(task {task_id}, rank {rank}, host {host()})"
 
 
 def _finish_app(app: App, farm: Any, options: argparse.Namespace) -> int:
@@ -238,9 +257,20 @@ def _entry() -> None:
 
         from .comm import host
 
-        sys.stderr.write(f"nlevel: rank {MPI.COMM_WORLD.Get_rank()} on {host()}: unhandled error; aborting the job\n")
+        from .config import Config
+
+        try:
+            ft = Config.from_env().ft
+        except NlevelError:
+            ft = False
+        sys.stderr.write(f"nlevel: rank {MPI.COMM_WORLD.Get_rank()} on {host()}: unhandled error; "
+                         f"{'killing this process' if ft else 'aborting the job'}\n")
         traceback.print_exc()
         sys.stderr.flush()
+        if ft:
+            from .comm import kill_self
+
+            kill_self()
         MPI.COMM_WORLD.Abort(1)
         raise
     sys.exit(code)

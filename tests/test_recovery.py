@@ -52,6 +52,24 @@ def _ids_in(msg) -> RangeSet:
     return out
 
 
+def own_ids(stn) -> RangeSet:
+    """Ids a rank holds itself (not what it granted to live children): lost if it dies."""
+    out = RangeSet()
+    if stn.worker is not None:
+        out.add_ranges(stn.worker.holding().ranges())
+    d = stn.dispatcher
+    if d is not None:
+        out.add_ranges(d.queue.ranges())
+        for name in ("up_done", "up_returned"):
+            if hasattr(d, name):
+                out.add_ranges(getattr(d, name).ranges())
+        for tid, _ in getattr(d, "up_failed", []):
+            out.add(tid, tid + 1)
+    if stn.recon is not None:
+        out.add_ranges(stn.recon.held.ranges())
+    return out
+
+
 def run(size, plan, total, seed, kills, checkpoint_every=50, max_steps=3_000_000, raise_at=()):
     """Run with ``kills``: list of (step, rank). Return (ledger, executed, at_risk, stations, state, dead)."""
     rng = random.Random(seed)
@@ -99,7 +117,7 @@ def run(size, plan, total, seed, kills, checkpoint_every=50, max_steps=3_000_000
             if victim in dead or len(dead) + 1 >= size:
                 continue
             stn = stations[victim]
-            at_risk.add_ranges(stn._holding().ranges())
+            at_risk.add_ranges(own_ids(stn).ranges())
             if isinstance(stn.dispatcher, Master):
                 led = stn.dispatcher.ledger
                 risky = led.committed.copy()

@@ -58,8 +58,11 @@ class Repair:
         d = self.dispatcher
         if d is not None:
             for x in sorted(new & set(d.children)):
+                leased = d.children[x].leased
+                silent = d.clock() - d.children[x].heard
                 held = d.drop_child(x)
-                record = failure_record(x, old, len(held), how, self.rank, wall)
+                record = failure_record(x, old, len(held), "lease expired (hung)" if leased else how, self.rank, wall)
+                record["silent_ms"] = round(silent * 1e3, 3)  # since its last message: bounds the detection latency
                 if old[x].children:  # a server: its survivors will say what they hold
                     self.recon = self.recon or Reconciliation()
                     self.recon.add_dead(held, expected(x, old, failed), record)
