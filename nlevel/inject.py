@@ -264,7 +264,8 @@ def inject(marker: str, size: int, plan: Plan, schedule: Schedule, *,
         plan: the job's plan (for roles).
         schedule: when and whom.
         checkpoint: the job's checkpoint (needed by ``schedule.after_committed``).
-        timeout: give up (no kill) when the trigger is not met within this many seconds.
+        timeout: give up (no kill) when the ranks and the trigger are not there within this
+            many seconds in all.
         alive: returns False once the job has ended (stops waiting early).
         dead: ranks already dead (an earlier injection): not waited for, roles without them.
         log: receives one line per event.
@@ -283,12 +284,16 @@ def inject(marker: str, size: int, plan: Plan, schedule: Schedule, *,
                          f"leaves no survivor")
     rng = random.Random(schedule.seed)
     pids: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
 
     def all_up() -> bool:
         pids.update(find_ranks(marker))
         return set(range(size)) - dead <= set(pids)
 
-    if not _wait_for(all_up, timeout, alive):
+    if not _wait_for(all_up, left(), alive):
         log(f"inject: only ranks {sorted(pids)} of {size} appeared; no kill")
         return []
     done: int | None = None
@@ -301,7 +306,7 @@ def inject(marker: str, size: int, plan: Plan, schedule: Schedule, *,
             done = committed(checkpoint)
             return done is not None and done >= target
 
-        if not _wait_for(enough, timeout, alive):
+        if not _wait_for(enough, left(), alive):
             log(f"inject: the checkpoint never reached {target} committed; no kill")
             return []
     if schedule.after and not _wait_for(lambda: False, schedule.after, alive) and not alive():
