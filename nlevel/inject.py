@@ -45,7 +45,7 @@ __all__ = [
     "MARKER_VAR", "RANK_VARS", "ROLES", "SIGNALS", "Kill", "Schedule", "RunResult",
     "marker_entry", "find_ranks", "plan_of", "roles", "candidates", "new_leader",
     "committed", "kill", "inject", "kill_job", "command", "run", "executions", "committed_ids",
-    "percentile", "audit", "main",
+    "percentile", "blast_radius", "audit", "main",
 ]
 
 #: The environment variable the harness sets on a job it launches (value: a job id).
@@ -539,9 +539,28 @@ def percentile(xs: Sequence[float], q: float) -> float | None:
     return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
+def blast_radius(size: int, plan: Plan, victims: Sequence[int]) -> set[int]:
+    """Return the victims and every rank below each of them when it died.
+
+    Ranks in a dead server's subtree may legitimately run an id twice: their completions
+    may have been waiting at the dead server to be forwarded upward.
+    """
+    out: set[int] = set()
+    failed: frozenset[int] = frozenset()
+    for v in victims:
+        h = build(size, plan, failed - {v})
+        stack = [v]
+        while stack:
+            r = stack.pop()
+            out.add(r)
+            stack.extend(h[r].children)
+        failed = failed | {v}
+    return out
+
+
 def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
           checkpoint: str | os.PathLike[str], report: dict[str, Any] | None,
-          kills: Sequence[Kill]) -> dict[str, Any]:
+          kills: Sequence[Kill], size: int | None = None, plan: Plan | None = None) -> dict[str, Any]:
     """Check a finished run against the promise, from outside the library.
 
     Args:
@@ -550,12 +569,14 @@ def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
         checkpoint: the run's checkpoint.
         report: the run report (``--report``), if any.
         kills: the kills made.
+        size, plan: the job's; when given, an id may run twice on any rank below a dead
+            server (see :func:`blast_radius`), else only if one run was on a killed rank.
 
     Returns:
         A dict: ``lost`` (ids not committed in the checkpoint), ``double_commits`` (the
         report's ``recomputed``), ``never_ran`` (committed ids no log shows running),
         ``re_executed`` (executions beyond the first), ``re_executed_elsewhere`` (ids run
-        twice though no run was on a killed rank: never allowed), ``bound`` (sum of the
+        twice though no run was on a killed rank or below one: never allowed), ``bound`` (sum of the
         report's ``failures[].held``, None when the report does not give it),
         ``unreported`` (killed ranks missing from ``failures``) and ``failures`` (per
         kill: role, signal, ``detect_ms`` = detected_at - kill time, ``recovery_ms`` as
@@ -569,6 +590,7 @@ def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
         done, readable = set(), False
     runs = executions(log_dirs)
     dead = {k.rank for k in kills}
+    radius = blast_radius(size, plan, [k.rank for k in kills]) if size and plan else dead
     reports = (report or {}).get("failures") or []
     held = [f.get("held") for f in reports]
     bound = sum(int(h if isinstance(h, int) else len(h)) for h in held) \
@@ -596,7 +618,7 @@ def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
         "executed_ids": len(runs),
         "never_ran": len(done - set(runs)),
         "re_executed": re_executed,
-        "re_executed_elsewhere": sorted(i for i, r in runs.items() if len(r) > 1 and not dead & set(r)),
+        "re_executed_elsewhere": sorted(i for i, r in runs.items() if len(r) > 1 and not radius & set(r)),
         "bound": bound,
         "within_bound": None if bound is None else re_executed <= bound,
         "unreported": sorted(dead - set(by_rank)),

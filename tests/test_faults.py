@@ -8,6 +8,7 @@ exit 0, every id committed exactly once, re-executions only of ids in flight on 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -105,17 +106,18 @@ def test_with_ulfm_the_job_survives(tmp_path, mpi_env, size, levels, regions, sc
     assert res.kills, f"no kill landed\n{explain(res)}"
     assert not res.hung, f"hang after {[(k.rank, k.role) for k in res.kills]}\n{explain(res)}"
     assert res.returncode == 0, explain(res)
-    a = inject.audit(n, [tmp_path / "logs"], tmp_path / "run.h5", res.report, res.kills)
-    assert a["lost"] == 0, a
-    assert a["double_commits"] == 0, a
-    assert a["executed_ids"] == n, a
-    assert a["re_executed_elsewhere"] == [], a
-    assert res.report is not None and res.report["complete"], res.report
+    a = inject.audit(n, [tmp_path / "logs"], tmp_path / "run.h5", res.report, res.kills, size, plan)
+    msg = json.dumps({**a, "report_failures": (res.report or {}).get("failures")}, default=str)  # untruncated
+    assert a["lost"] == 0, msg
+    assert a["double_commits"] == 0, msg
+    assert a["executed_ids"] == n, msg
+    assert a["re_executed_elsewhere"] == [], msg
+    assert res.report is not None and res.report["complete"], msg
     failures = res.report["failures"]
-    assert sorted(f["rank"] for f in failures) == sorted(k.rank for k in res.kills), failures
+    assert sorted(f["rank"] for f in failures) == sorted(k.rank for k in res.kills), msg
     for f in failures:
-        assert FAILURE_KEYS <= set(f), f
-        assert f["detected_at"] <= f["recovered_at"], f
-    assert a["within_bound"], a
+        assert FAILURE_KEYS <= set(f), msg
+        assert f["detected_at"] <= f["recovered_at"], msg
+    assert a["within_bound"], msg
     # A victim stopped with SIGSTOP must have been killed by the library (lease expiry).
     assert res.leftover == [], f"ranks {res.leftover} outlived the job"

@@ -210,3 +210,12 @@ def test_percentile_is_nearest_rank():
     assert inject.percentile(list(range(1, 11)), 50) == 5
     assert inject.percentile(list(range(1, 101)), 99) == 99
     assert inject.percentile([3.0], 99) == 3.0
+
+
+def test_blast_radius_is_each_victim_and_its_subtree_when_it_died():
+    assert inject.blast_radius(8, P3, [5]) == {5}
+    assert inject.blast_radius(8, P3, [4]) == {4, 5, 6, 7}
+    assert inject.blast_radius(8, P3, [0]) == set(range(8))
+    # Region-master 4 dies, then its successor 5 (which then serves 6 and 7).
+    assert inject.blast_radius(8, P3, [4, 5]) == {4, 5, 6, 7}
+    assert inject.blast_radius(8, P4, [2, 6]) == {2, 3, 6, 7}
