@@ -109,7 +109,7 @@ class Node:
                 if self._threaded():
                     self.lock.wait(0.05)  # the server thread delivers and notifies
                 else:
-                    self._pump(block=True)
+                    self._pump(block=True, most=0.1)  # then take() again: time-driven checks run there
         if tid >= 0:
             return tid
         self._finish_serving()
@@ -137,17 +137,19 @@ class Node:
     def _threaded(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _pump(self, block: bool) -> None:
+    def _pump(self, block: bool, most: float | None = None) -> None:
         """Main thread, no server thread: deliver what has arrived from anyone (lock held).
 
-        With ``block``, wait (backing off) until at least one message was handled.
+        With ``block``, wait (backing off) until at least one message was handled, or at
+        most ``most`` seconds.
         """
         backoff: Backoff | None = None
         handled = False
+        end = None if most is None else clock() + most
         while True:
             got = self.t.poll()
             if got is None:
-                if handled or not block:
+                if handled or not block or (end is not None and clock() > end):
                     return
                 if backoff is None:
                     backoff = Backoff(self.config.poll_max)

@@ -34,8 +34,9 @@ Failures (fault-tolerant runs, see :mod:`nlevel.roles.recovery`):
 
 * ``Failed(ranks)`` is not sent: the transport hands it to its own rank when MPI reports
   dead processes. Every rank then lays out the same hierarchy without them.
-* C -> reconciler (and C -> its new parent) ``Holding(held)``: C's parent died; these are
-  the ids C and its subtree hold (queued, running, finished but not yet reported).
+* reconciler -> C ``Holding(ask=True)``, C -> reconciler ``Holding(held)``: a server above
+  C died; these are the ids C and its subtree hold (queued, running, finished but not
+  yet reported). C also sends its Holding unasked to its new parent when its parent died.
 * master -> deputy ``Mirror(done, results, total, width, full)``: a copy of every commit,
   so the deputy can take over the ledger if the master dies.
 * ``Kill(rank)``: a lease expired (a hung process); the rank on the victim's host kills it,
@@ -126,6 +127,7 @@ class Holding:
     TAG: ClassVar[Tag] = Tag.HOLDING
     held: Ranges = ()
     failed: tuple[int, ...] = ()  # the dead ranks the sender knows of (the receiver waits until it does too)
+    ask: bool = False  # a reconciler asks: "tell me what you hold" (the answer is a Holding)
 
 
 @dataclass(frozen=True, slots=True)

@@ -168,8 +168,8 @@ def format_summary(report: dict[str, Any]) -> str:
             for f in report["failures"][:5]) + (" ..." if len(report["failures"]) > 5 else ""))
     if report.get("failed_tasks"):
         first = report["failed_tasks"][0]
-        lines.append(f"  {len(report['failed_tasks'])} task(s) failed; first: task {first['id']}: "
-                     f"{first['error'].strip().splitlines()[-1] if first['error'].strip() else '?'}")
+        lines.append(f"  {len(report['failed_tasks'])} task(s) failed after {first['attempts']} attempt(s); "
+                     f"first: {first['error'].strip().splitlines()[0] if first['error'].strip() else '?'}")
     if not report["complete"]:
         why = " (stopped by SIGUSR1; the same command resumes)" if report.get("stopped") else ""
         lines.append(f"  INCOMPLETE: {report['total'] - report['committed']} tasks not committed{why}")

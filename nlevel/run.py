@@ -229,8 +229,9 @@ def _task_error(task_id: int, rank: int) -> str:
     """The error of a task that raised, with where it ran, for the report (the last 20 traceback lines)."""
     from .comm import host
 
+    exc = sys.exc_info()[1]
     text = "".join(traceback.format_exc().splitlines(keepends=True)[-20:])
-    return f"{text}(task {task_id}, rank {rank}, host {host()})"
+    return f"task {task_id} on rank {rank} ({host()}): {type(exc).__name__}: {exc}\n{text}"
 
 
 def _finish_app(app: App, farm: Any, options: argparse.Namespace) -> int:

@@ -112,6 +112,7 @@ def run(size, plan, total, seed, kills, checkpoint_every=50, max_steps=3_000_000
     step = 0
     for step in range(max_steps):
         clock.t += rng.random() * 1e-3
+        now_dying = {v for s_, v in kills if s_ <= step}
         while kills and kills[0][0] <= step:
             _, victim = kills.pop(0)
             if victim in dead or len(dead) + 1 >= size:
@@ -119,11 +120,15 @@ def run(size, plan, total, seed, kills, checkpoint_every=50, max_steps=3_000_000
             stn = stations[victim]
             at_risk.add_ranges(own_ids(stn).ranges())
             if isinstance(stn.dispatcher, Master):
+                # Commits the next master will not find: those its deputy has no copy of yet
+                # (or, the deputy dying too, those not yet in the checkpoint).
                 led = stn.dispatcher.ledger
                 risky = led.committed.copy()
                 dep = deputy(stn.hierarchy)
-                if dep is not None and stations[dep].mirror is not None:
+                if dep is not None and dep not in dead | now_dying and stations[dep].mirror is not None:
                     risky.remove_ranges(stations[dep].mirror.committed.ranges())
+                else:
+                    risky.remove_ranges(disk["ledger"].committed.ranges())
                 at_risk.add_ranges(risky.ranges())
             dead.add(victim)
             state.pop(victim, None)

@@ -98,6 +98,7 @@ class Dispatcher:
         self.deaths: dict[int, int] = {}  # id -> processes that died holding it
         self.quarantine = 3
         self.reconciling = False  # ids may come back from a reconciliation: the job is not over
+        self.track_settled = False  # after a failure: remember every id finished or given back below
 
     # -- events ---------------------------------------------------------------------
     def on_report(self, src: int, report: Report) -> list[Out]:
@@ -112,17 +113,20 @@ class Dispatcher:
             self.held_total -= removed
             if removed < b - a:
                 self.unexpected += (b - a) - removed
+            if removed < b - a or self.track_settled:
                 self.settled.add(a, b)
         if report.done:
             self._accept_done(report.done, report.results, now)
         for a, b in report.returned:
             removed = child.held.remove(a, b)
             self.held_total -= removed
-            if removed < b - a:
+            if removed < b - a or self.track_settled:
                 self.settled.add(a, b)
             self._take_back(a, b)
         for tid, info in report.failed:
             self.held_total -= child.held.remove(tid, tid + 1)
+            if self.track_settled:
+                self.settled.add(tid, tid + 1)
             self._task_failed(tid, info)
         outs: list[Out] = []
         if report.leaving:

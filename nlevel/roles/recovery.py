@@ -72,17 +72,22 @@ class Reconciliation:
         self.got: dict[int, RangeSet] = {}
         self.records: list[dict[str, Any]] = []  # failures whose recovery ends when this does
 
-    def add_dead(self, held: RangeSet, survivors: set[int], record: dict[str, Any]) -> None:
-        """A server died holding ``held``; ``survivors`` will tell what they hold."""
+    def add_dead(self, held: RangeSet, survivors: set[int], record: dict[str, Any]) -> set[int]:
+        """A server died holding ``held``; return which of ``survivors`` to ask what they hold."""
         self.held.add_ranges(held.ranges())
-        self.expected |= survivors
         self.records.append(record)
+        return self._expect(survivors)
 
-    def member_died(self, rank: int, survivors: set[int]) -> None:
-        """An expected sender died: its holding is void; ``survivors`` (its children) report instead."""
+    def member_died(self, rank: int, survivors: set[int]) -> set[int]:
+        """An expected sender died: its holding is void; return which of ``survivors`` (its children) to ask."""
         self.expected.discard(rank)
         self.got.pop(rank, None)
-        self.expected |= survivors
+        return self._expect(survivors)
+
+    def _expect(self, survivors: set[int]) -> set[int]:
+        new = survivors - self.expected - set(self.got)
+        self.expected |= new
+        return new
 
     def receive(self, src: int, held: RangeSet) -> None:
         """A Holding arrived (a later one from the same sender replaces the earlier)."""

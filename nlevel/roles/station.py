@@ -19,22 +19,25 @@ until every old child has acknowledged.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections import deque
+from typing import Any, Callable
 
 from ..config import Config
 from ..hierarchy import Hierarchy, Role, build
 from ..plan import Plan
+from ..ranges import RangeSet
 from ..protocol import Ack, Failed, Grant, Holding, Kill, Message, Mirror, Regroup, Report, Result
 from .autoplan import AutoPlanner
 from .dispatch import Master, Region
 from .ledger import Ledger
-from .repair import Repair
+from . import repair
+from .recovery import Reconciliation
 from .worker import WAIT, Out, Worker
 
 __all__ = ["Station"]
 
 
-class Station(Repair):
+class Station:
     """The state machines of rank ``rank``.
 
     Args:
@@ -61,7 +64,21 @@ class Station(Repair):
         wall: Callable[[], float] = time.time,
         recover: Callable[[], Ledger] | None = None,
     ) -> None:
-        self._init_repair(wall, recover)
+        # Failures (see nlevel.roles.repair).
+        self.wall = wall
+        self.recover = recover  # the ledger as the checkpoint has it (a new master without a mirror)
+        self.failed: frozenset[int] = frozenset()
+        self.failures: list[dict[str, Any]] = []  # this rank's finished recoveries (for the report)
+        self.recon: Reconciliation | None = None
+        self.mirror: Ledger | None = None  # the deputy's copy of the master's ledger
+        self._mirror_to: int | None = None  # the master: where the copy goes (None: not sent yet)
+        self._deferred: deque[tuple[int, Message]] = deque()
+        self._master_heard = 0.0  # the deputy: when the master's last copy (or heartbeat) came
+        self._mirror_sent = 0.0  # the master: when it last sent the deputy anything
+        # After a failure: every id this rank reported finished upward, per receiver. A Holding
+        # includes those sent to live ranks, so ids on their way up between two survivors are
+        # not taken for lost (those sent to a rank that died are lost with it).
+        self.sent_done: dict[int, RangeSet] | None = None
         self.rank = rank
         self.size = hierarchy.size
         self.config = config
@@ -141,19 +158,23 @@ class Station(Repair):
         if isinstance(msg, Failed):
             return self.fail(msg.ranks, msg.how)
         if isinstance(msg, Mirror):
-            return self.on_mirror(msg)  # (even from a master that died since: its commits stand)
+            return repair.on_mirror(self, msg)  # (even from a master that died since: its commits stand)
         if src in self.failed:
             return []  # sent before it died; what it held is already back in a queue
-        if isinstance(msg, (Report, Holding)) and self._defer(src, msg):
+        if isinstance(msg, (Report, Holding)) and repair.defer(self, src, msg):
             return []
         if isinstance(msg, Holding):
-            return self.on_holding(src, msg)
+            return repair.on_holding(self, src, msg)
         if isinstance(msg, Kill):
             return [Out(msg.rank, msg)]  # the runtime kills it (this rank is on the victim's host)
         outs = self._deliver(src, msg)
         if self.config.ft:
-            outs += self._mirror_out()
+            outs += repair.mirror_out(self)
         return outs
+
+    def fail(self, ranks: tuple[int, ...], how: str = "ulfm") -> list[Out]:
+        """``ranks`` are dead: repair this rank's roles (see :mod:`nlevel.roles.repair`); return what to send."""
+        return repair.fail(self, ranks, how)
 
     def _deliver(self, src: int, msg: Message) -> list[Out]:
         if isinstance(msg, Regroup):
@@ -210,7 +231,7 @@ class Station(Repair):
         if self.dispatcher is not None:
             outs += self.route(self.dispatcher.tick())
         if self.config.ft:
-            outs += self.lease_kills() + self._mirror_out()
+            outs += repair.lease_kills(self) + repair.mirror_out(self) + repair.watch_master(self)
         return outs
 
     def stop(self) -> list[Out]:
@@ -299,7 +320,7 @@ class Station(Repair):
             if tid == WAIT and (w.queue or w.final):
                 continue  # the grant came back in-process while routing
             if self.config.ft:
-                sends += self._mirror_out()
+                sends += repair.mirror_out(self) + repair.watch_master(self)
             return tid, sends
 
     def fail_task(self, info: str) -> None:
@@ -366,6 +387,8 @@ class Station(Repair):
                 msg = Report(msg.done, msg.results, msg.want, msg.returned, msg.leaving, self.epoch,
                              False, msg.task_mean, msg.msg_time, msg.failed, msg.task_max)
             if out.dest != self.rank:
+                if self.sent_done is not None and isinstance(msg, Report) and msg.done:
+                    self.sent_done.setdefault(out.dest, RangeSet()).add_ranges(msg.done)
                 remote.append(Out(out.dest, msg))
             elif isinstance(msg, Report):
                 assert self.dispatcher is not None

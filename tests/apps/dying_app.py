@@ -1,0 +1,64 @@
+"""A test app whose task ``--die-task`` ends its process in one of several ways, the first time it runs.
+
+Like logging_app, it logs every execution per rank in ``$NLEVEL_TEST_LOG_DIR``. The
+"first time" is remembered in a marker file there, so a rerun of the task elsewhere
+succeeds (a crash caused by a node, not by the task). ``--poison`` makes it die every time.
+"""
+
+import ctypes
+import os
+import sys
+import time
+
+_opts = None
+LOG_DIR = os.environ.get("NLEVEL_TEST_LOG_DIR")
+
+
+def add_arguments(parser):
+    parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--sleep-ms", type=float, default=2.0)
+    parser.add_argument("--die-task", type=int, default=50)
+    parser.add_argument("--how", choices=["exit", "raise", "segfault", "memory", "hang"], default="exit")
+    parser.add_argument("--poison", action="store_true")
+    parser.add_argument("--die-rank", type=int, default=-1, help="instead: rank R dies at its --die-after-th task")
+    parser.add_argument("--die-after", type=int, default=10)
+
+
+_count = 0
+
+
+def setup(options):
+    global _opts
+    _opts = options
+
+
+def total(options):
+    return options.n
+
+
+def do_job(task_id):
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
+    with open(os.path.join(LOG_DIR, f"exec-{rank}.log"), "a") as f:
+        f.write(f"{task_id}\n")
+    global _count
+    _count += 1
+    if _opts.die_rank >= 0:
+        chosen = int(rank) == _opts.die_rank and _count == _opts.die_after
+    else:
+        chosen = task_id == _opts.die_task
+    if chosen:
+        marker = os.path.join(LOG_DIR, f"died-{task_id}")
+        if _opts.poison or _opts.die_rank >= 0 or not os.path.exists(marker):
+            open(marker, "a").close()
+            if _opts.how == "exit":
+                sys.exit(3)
+            if _opts.how == "raise":
+                raise ValueError(f"task {task_id} is broken")
+            if _opts.how == "segfault":
+                ctypes.string_at(0)
+            if _opts.how == "memory":
+                raise MemoryError(f"task {task_id} ran out of memory")
+            if _opts.how == "hang":
+                os.kill(os.getpid(), 19)  # SIGSTOP: a C call that never returns, as far as anyone can tell
+    time.sleep(_opts.sleep_ms / 1e3)
+    return float(task_id)
