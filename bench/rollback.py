@@ -52,7 +52,8 @@ def _app(a: argparse.Namespace) -> list[str]:
 
 
 def _row(res: inject.RunResult, d: str, a: argparse.Namespace) -> dict[str, Any]:
-    audit = inject.audit(a.n, [os.path.join(d, "logs")], os.path.join(d, "run.h5"), res.report, res.kills)
+    audit = inject.audit(a.n, [os.path.join(d, "logs")], os.path.join(d, "run.h5"), res.report, res.kills,
+                         a.size, plan_of(a.levels, tuple(int(x) for x in a.regions.split(",") if x)))
     return {"wall_s": res.wall, "compute_s": (res.report or {}).get("wall_s"), "returncode": res.returncode,
             "hung": res.hung, "complete": audit["lost"] == 0, "re_executed": audit["re_executed"],
             "kills": [vars(k) for k in res.kills]}

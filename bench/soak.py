@@ -72,10 +72,11 @@ def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dic
            "--checkpoint-interval", "0.1", "--report", "r.json", "--quiet"]
     if t["signal"] == "STOP":
         app += ["--lease-min", str(args.lease_min)]
-    res = inject.run(t["size"], plan_of(t["levels"], t["regions"]), app, sched,
+    plan = plan_of(t["levels"], t["regions"])
+    res = inject.run(t["size"], plan, app, sched,
                      ft=None if args.ft == "none" else args.ft, cwd=d, env=env,
                      checkpoint="run.h5", report="r.json", timeout=args.timeout)
-    a = inject.audit(args.n, [logs], os.path.join(d, "run.h5"), res.report, res.kills)
+    a = inject.audit(args.n, [logs], os.path.join(d, "run.h5"), res.report, res.kills, t["size"], plan)
     out = {"trial": k, **t, "returncode": res.returncode, "hung": res.hung, "wall_s": res.wall,
            "kill_to_end_s": res.ended_at - res.kills[0].time if res.kills else None,
            "leftover": res.leftover, "kills": [vars(x) for x in res.kills], "audit": a,
@@ -132,7 +133,7 @@ def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
         f"lost ids {s['lost_ids']} (in {s['lost_trials']} completed trials), double commits "
         f"{s['double_commits']} (in {s['double_commit_trials']} trials)",
         f"re-executions {s['re_executed']} vs bound {s['bound'] if s['bound'] is not None else 'n/a (no failures[].held)'}"
-        f" ({s['over_bound_trials']} of {s['trials_with_bound']} trials over), of ids never on a dead rank "
+        f" ({s['over_bound_trials']} of {s['trials_with_bound']} trials over), ids re-run outside the victims' subtrees "
         f"{s['re_executed_elsewhere']}; ranks left running {s['leftover_ranks']}, kills missing from the report "
         f"{s['unreported_kills']}",
         "",
