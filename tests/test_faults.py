@@ -81,24 +81,27 @@ def test_without_ulfm_a_killed_rank_stops_the_job_and_the_same_command_resumes(t
 
 FAILURE_KEYS = {"rank", "role", "detected_at", "recovered_at", "recovery_ms", "requeued", "held"}
 
-# (id, size, levels, regions, schedule): every role, 1-3 victims, 2- to 4-level plans, 8-12 ranks.
+# (size, levels, regions, schedule): every role, 1-3 victims, 2- to 4-level plans, 8-12 ranks.
 MATRIX = [
-    ("slave-1-L2", 8, 2, (), Schedule(role="slave", seed=1)),
-    ("slave-3-L3", 10, 3, (2,), Schedule(role="slave", count=3, spacing=0.05, seed=2)),
-    ("slave-stop-L3", 8, 3, (2,), Schedule(role="slave", signal="STOP", seed=3)),
-    ("region-1-L3", 8, 3, (2,), Schedule(role="region-master")),
-    ("region-stop-L3", 8, 3, (2,), Schedule(role="region-master", signal="STOP")),
-    ("region-2-L4", 12, 4, (2, 2), Schedule(role="region-master", count=2, seed=4)),
-    ("master-1-L2", 8, 2, (), Schedule(role="master")),
-    ("master-1-L3", 10, 3, (2,), Schedule(role="master")),
-    ("new-leader-L3", 9, 3, (2,), Schedule(role="region-master", then_new_leader=0.1)),
-    ("any-3-L3", 12, 3, (3,), Schedule(role="any", count=3, spacing=0.1, seed=5)),
+    pytest.param(8, 2, (), Schedule(role="slave", seed=1), id="slave-1-L2"),
+    pytest.param(10, 3, (2,), Schedule(role="slave", count=3, spacing=0.05, seed=2), id="slave-3-L3"),
+    pytest.param(8, 3, (2,), Schedule(role="slave", signal="STOP", seed=3), id="slave-stop-L3"),
+    pytest.param(8, 3, (2,), Schedule(role="region-master"), id="region-1-L3"),
+    pytest.param(8, 3, (2,), Schedule(role="region-master", signal="STOP"), id="region-stop-L3"),
+    pytest.param(12, 4, (2, 2), Schedule(role="region-master", count=2, seed=4), id="region-2-L4"),
+    pytest.param(8, 2, (), Schedule(role="master"), id="master-1-L2"),
+    pytest.param(10, 3, (2,), Schedule(role="master"), id="master-1-L3"),
+    pytest.param(9, 3, (2,), Schedule(role="region-master", then_new_leader=0.1), id="new-leader-L3"),
+    pytest.param(12, 3, (3,), Schedule(role="any", count=3, spacing=0.1, seed=5), id="any-3-L3"),
+    pytest.param(8, 2, (), Schedule(role="master", then_new_leader=0.1), id="new-master-L2",
+                 marks=pytest.mark.xfail(strict=False, reason="the report loses the first master's failure "
+                                                              "when its successor dies too (reported)")),
 ]
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.xfail(strict=False, reason="fault tolerance not merged yet")
-@pytest.mark.parametrize("size, levels, regions, schedule", [m[1:] for m in MATRIX], ids=[m[0] for m in MATRIX])
+@pytest.mark.parametrize("size, levels, regions, schedule", MATRIX)
 def test_with_ulfm_the_job_survives(tmp_path, mpi_env, size, levels, regions, schedule):
     n, plan = 3000, plan_of(levels, regions)
     schedule = dataclasses.replace(schedule, after_committed=300)
