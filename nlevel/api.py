@@ -27,14 +27,15 @@ import time
 import traceback
 from typing import Any, Iterator, Sequence
 
-from . import __version__, signals
+from . import __version__, control, signals
 from . import checkpoint as ckpt
 from .config import Config
 from .errors import ConfigError, NlevelError
 from .hierarchy import Hierarchy, build
 from .node import Node
 from .protocol import Result
-from .report import build_report, merge_stats
+from .report import build_report, merge_stats, timeline
+from .roles.station import TIMELINE_BIN
 
 __all__ = ["Farm", "get_task_id"]
 
@@ -189,6 +190,7 @@ class Farm:
                 # Under fault tolerance any rank may become the master and write the checkpoint.
                 on_checkpoint=self._write_checkpoint if ((self.rank == 0 or ft) and self._checkpoint_path) else None,
                 recover=self._recover if ft else None,
+                control_dir=control.control_dir(self._checkpoint_path) if self._checkpoint_path else None,
             )
             if self.rank == 0 and self.config.progress:
                 from .progress import Progress
@@ -225,6 +227,7 @@ class Farm:
             self._meta = ckpt.RunMeta(self.total, fp, source, plan.to_json(), __version__)
             snap = ckpt.load(path, self._meta, fresh=fresh)
             self._writer = ckpt.Writer(path, self._meta)
+            os.makedirs(control.control_dir(path), exist_ok=True)  # operators' requests (python -m nlevel.drain)
         self._ledger = Ledger(
             self.total,
             map(tuple, snap.completed.tolist()),
@@ -365,7 +368,15 @@ class Farm:
         if self._progress is not None:
             self._progress.close()
         node, t = self._node, self._transport
+        if node.drained and t.ft and node.station.dispatcher is None:
+            # Drained: its ids went back and its last completions up; free the core now. Under
+            # ULFM the others take its SIGKILL for what it is (it left first, holding nothing).
+            t.flush(timeout=5.0)
+            time.sleep(0.2)  # let the leaving report land before the process is gone
+            sys.stderr.write(f"nlevel: rank {self.rank} drained: leaving the job\n")
+            _die(True)
         if t.ft:
+            node.end_together()  # answer a new master's questions until every live rank is done
             t.flush(timeout=5.0)  # (a send to a rank that died never completes)
             tt = t.shrink()  # the survivors, whoever they are: every collective from here is theirs
             alive = set(tt.comm.allgather(self.rank))
@@ -374,6 +385,7 @@ class Farm:
                 self._exit_code = 1  # the master's report decides (below)
         else:
             t.flush()
+            t.idle_barrier()  # ranks that finish early (or were drained) wait asleep, not spinning
             tt = t
         self._survivors = tt
         row, merged = node.stats()
@@ -400,9 +412,12 @@ class Farm:
                 wall=time.perf_counter() - self._t0,
                 checkpoint=self._checkpoint_path,
                 writer=self._writer,
-                failures=sorted(totals["failures"], key=lambda f: f["detected_at"]),
+                failures=sorted((f for f in totals["failures"] if not f["how"].startswith("drained")),
+                                key=lambda f: f["detected_at"]),
             )
             self.report["dead_ranks"] = list(self.failed)
+            self.report["timeline"] = timeline(totals.get("timeline", {}), TIMELINE_BIN)
+            self.report["drained"] = [{"rank": r, "requested_at": t0} for r, t0 in sorted(node.station.drained.items())]
             self.report["plan_history"] = [p.to_dict() for p in station.plans]
             self.report["stopped"] = "SIGUSR1" if station.stopped else None
             self.report["decisions"] = station.planner.report() if station.planner is not None else []

@@ -190,6 +190,40 @@ class Transport:
         t._sends, t._status, t.ft, t.failed, t.places = [], MPI.Status(), True, set(), []
         return t
 
+    def idle_barrier(self) -> None:
+        """A barrier that waits asleep (backing off to 50 ms), so early finishers leave the cores to the others."""
+        req = self.comm.Ibarrier()
+        backoff = Backoff(0.05)
+        while not req.Test():
+            backoff.wait()
+
+    def end_together(self, step: Any) -> None:
+        """Under fault tolerance: wait until every live rank has got here, calling ``step()`` meanwhile.
+
+        A nonblocking agreement (ULFM ``Iagree``) completes only when every surviving rank
+        has joined; until then this rank keeps handling messages (``step`` polls and
+        delivers), so a master dying at the very end still finds everyone answering. A
+        failure during the agreement restarts it.
+        """
+        import array
+
+        backoff = Backoff(self.poll_max * 10)
+        while True:
+            flag = array.array("i", [1])
+            req = self.comm.Iagree(flag)
+            while True:
+                try:
+                    done = req.Test()
+                except MPI.Exception as exc:
+                    self._dead(exc)
+                    break  # someone died meanwhile: agree again among the rest
+                if done:
+                    return
+                if step():
+                    backoff.reset()
+                else:
+                    backoff.wait()
+
     def agree(self, flag: bool = True) -> bool:
         """Fault-tolerant agreement: the AND of ``flag`` over the live ranks (ULFM)."""
         return bool(self.comm.Agree(int(flag)))

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import signals
+from . import control, signals
 from .backoff import Backoff
 from .config import Config
 from .hierarchy import Hierarchy
@@ -50,6 +50,7 @@ class Node:
         ledger: Ledger | None = None,
         on_checkpoint: Callable[[Ledger, bool], None] | None = None,
         recover: Callable[[], Ledger] | None = None,
+        control_dir: str | None = None,
     ) -> None:
         self.t = transport
         self.rank = transport.rank
@@ -62,6 +63,9 @@ class Node:
         self._flushed_count = 0
         self._final_written = False
         self.checkpoint_error: BaseException | None = None
+        self.control_dir = control_dir  # operator requests (drain), read by the master
+        self._control_at = 0.0
+        self.drained = False  # this rank left the job on an operator's request
         self._thread: threading.Thread | None = None
         self._old_switch = sys.getswitchinterval()
         if self.station.serves_remote and self.station.worker is not None:
@@ -94,9 +98,13 @@ class Node:
         with self.lock:
             st.finish(result)
             if self.ledger is not None:
-                self._send(self._stop_if_asked())
+                self._send(self._stop_if_asked() + self._control())
                 self._checkpoint_if_due()  # rank 0 with no server loop (one process) flushes here
+            drained = False
             while True:
+                if st.drain_requested and not st.worker.left:
+                    drained = True  # an operator drained this rank: its last task is done, the rest goes back
+                    break
                 tid, sends = st.take()
                 self._send(sends)
                 if tid >= 0 and st.worker.asked and not self._threaded():
@@ -110,6 +118,10 @@ class Node:
                     self.lock.wait(0.05)  # the server thread delivers and notifies
                 else:
                     self._pump(block=True, most=0.1)  # then take() again: time-driven checks run there
+        if drained:
+            self.drained = True
+            self.leave()
+            return -1
         if tid >= 0:
             return tid
         self._finish_serving()
@@ -207,7 +219,7 @@ class Node:
                         st.planner.on_service(clock() - t0)  # receive + handle + answer: 1/mu
                     self.lock.notify_all()
                 elif clock() >= next_tick:
-                    self._send(self._stop_if_asked() + st.tick())
+                    self._send(self._stop_if_asked() + self._control() + st.tick())
                     next_tick = clock() + 1e-3
                     self.lock.notify_all()
                 self._checkpoint_if_due()
@@ -236,6 +248,51 @@ class Node:
         relay = self.t.relay_for(rank)
         if relay is not None:
             self.t.send(relay, Kill(rank))
+
+    def end_together(self) -> None:
+        """Fault tolerance: this rank's loop is over; keep answering until every live rank's is.
+
+        A rank past its loop would otherwise be deaf (inside the end's collectives) to a
+        new master that needs to ask it what it holds.
+        """
+        if not self.t.ft:
+            return
+        st = self.station
+        next_tick = 0.0
+
+        def step() -> bool:
+            nonlocal next_tick
+            got = self.t.poll()
+            with self.lock:
+                if got is not None:
+                    self._send(st.deliver(*got))
+                elif clock() >= next_tick:
+                    self._send(st.tick())
+                    next_tick = clock() + 1e-3
+                self._checkpoint_if_due()
+            return got is not None
+
+        self.t.end_together(step)
+
+    def _control(self) -> list[Out]:
+        """The master: act on operator requests in the control directory (lock held)."""
+        if self.control_dir is None or self.ledger is None or clock() < self._control_at:
+            return []
+        self._control_at = clock() + self.config.control_interval
+        outs: list[Out] = []
+        for path, request in control.pending(self.control_dir):
+            if request is None or request.get("action") != "drain":
+                control.answer(path, request, error=f"not a request nlevel understands: {request!r}")
+                continue
+            try:
+                ranks, sends = self.station.drain(request.get("ranks"), request.get("count"))
+            except ValueError as exc:
+                control.answer(path, request, error=str(exc))
+                continue
+            outs += sends
+            control.answer(path, request, result={"ranks": ranks})
+            sys.stderr.write(f"nlevel: draining ranks {ranks} (operator request)\n")
+        return outs
 
     def _stop_if_asked(self) -> list[Out]:
         """The master, on SIGUSR1: save what is committed now, then stop granting (lock held)."""
@@ -300,6 +357,7 @@ class Node:
             "requests": {info.level: requests} if requests is not None and requests.total.n else {},
             "unexpected": st.unexpected_before + (d.unexpected if d is not None else 0),
             "failures": list(st.failures),
+            "timeline": {self.rank: dict(st.served_bins)} if st.served_bins else {},
         }
         return row, merged
 

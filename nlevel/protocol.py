@@ -39,6 +39,8 @@ Failures (fault-tolerant runs, see :mod:`nlevel.roles.recovery`):
   yet reported). C also sends its Holding unasked to its new parent when its parent died.
 * master -> deputy ``Mirror(done, results, total, width, full)``: a copy of every commit,
   so the deputy can take over the ledger if the master dies.
+* master -> a rank ``Drain()``: an operator gives this rank's core back; it finishes its
+  task, returns its queue (a leaving Report) and leaves the job.
 * ``Kill(rank)``: a lease expired (a hung process); the rank on the victim's host kills it,
   and MPI then reports it dead like any other failure.
 """
@@ -52,7 +54,7 @@ from typing import Any, ClassVar, Union
 from .ranges import Ranges
 
 __all__ = [
-    "Tag", "Report", "Grant", "Regroup", "Ack", "Holding", "Mirror", "Kill", "Failed", "Message", "Result",
+    "Tag", "Report", "Grant", "Regroup", "Ack", "Holding", "Mirror", "Kill", "Failed", "Drain", "Message", "Result",
     "encode", "decode",
 ]
 
@@ -71,6 +73,7 @@ class Tag(IntEnum):
     MIRROR = 16
     KILL = 17
     FAILED = 18  # local only, never on the wire
+    DRAIN = 19
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +162,17 @@ class Failed:
     how: str = "ulfm"
 
 
-Message = Union[Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed]
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Master to a rank: finish the current task, give back the rest, and leave the job (an operator's drain)."""
 
-_CLASSES = (Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed)
+    TAG: ClassVar[Tag] = Tag.DRAIN
+    why: str = "drained by the operator"
+
+
+Message = Union[Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed, Drain]
+
+_CLASSES = (Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed, Drain)
 _BY_TAG: dict[int, Any] = {cls.TAG: cls for cls in _CLASSES}
 _FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in _CLASSES}
 

@@ -37,6 +37,20 @@ def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "requests": requests,
         "unexpected": a["unexpected"] + b["unexpected"],
         "failures": a.get("failures", []) + b.get("failures", []),
+        "timeline": {**a.get("timeline", {}), **b.get("timeline", {})},
+    }
+
+
+def timeline(per_rank: dict[int, dict[int, int]], bin_s: float) -> dict[str, Any]:
+    """The servers' requests served per time bin, as the report stores it (``t0``: wall time of bin 0)."""
+    if not per_rank:
+        return {"bin_s": bin_s, "t0": None, "served": {}}
+    first = min(min(bins) for bins in per_rank.values())
+    last = max(max(bins) for bins in per_rank.values())
+    return {
+        "bin_s": bin_s,
+        "t0": first * bin_s,
+        "served": {str(r): [bins.get(b, 0) for b in range(first, last + 1)] for r, bins in sorted(per_rank.items())},
     }
 
 

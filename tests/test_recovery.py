@@ -67,6 +67,8 @@ def own_ids(stn) -> RangeSet:
             out.add(tid, tid + 1)
     if stn.recon is not None:
         out.add_ranges(stn.recon.held.ranges())
+    for _, msg in stn._deferred:  # received, not yet handled: lost with it
+        out.add_ranges(_ids_in(msg).ranges())
     return out
 
 
@@ -245,7 +247,7 @@ def test_a_new_master_takes_the_deputys_copy():
     new = next(s for s in stations if s.rank not in dead and isinstance(s.dispatcher, Master))
     assert new.rank == 1
     rec = [f for f in new.failures if f["rank"] == 0][0]
-    assert rec["role"] == "master" and rec["ledger_from"] == "deputy's copy"
+    assert rec["role"] == "master" and rec["ledger_from"].startswith("deputy's copy")
 
 
 @settings(max_examples=40, deadline=None)

@@ -24,6 +24,11 @@ from .worker import Out
 if TYPE_CHECKING:
     from .station import Station
 
+#: The master copies its commits to the deputy at least this often (s) ...
+MIRROR_AGE = 0.005
+#: ... or once this many ids are waiting (a master that dies loses at most these commits).
+MIRROR_BATCH = 256
+
 __all__ = ["fail", "on_holding", "on_mirror", "watch_master", "lease_kills", "mirror_out", "holding"]
 
 
@@ -51,12 +56,15 @@ def fail(st: Station, ranks: tuple[int, ...], how: str = "ulfm") -> list[Out]:
     ask: set[int] = set()
     if d is not None:
         for x in sorted(new & set(d.children)):
-            leased = d.children[x].leased
-            silent = d.clock() - d.children[x].heard
+            gone = d.children[x]
+            silent = d.clock() - gone.heard
+            why = "lease expired (hung)" if gone.leased else "drained (left, then ended)" if gone.left else how
             held = d.drop_child(x)
-            record = failure_record(x, old, len(held), "lease expired (hung)" if leased else how, st.rank, wall)
+            record = failure_record(x, old, len(held), why, st.rank, wall)
             record["silent_ms"] = round(silent * 1e3, 3)  # since its last message: bounds the detection latency
-            if old[x].children:  # a server: its survivors will say what they hold
+            if old[x].children and not (gone.finished and not held):
+                # A server that was still working: its survivors will say what they hold. (One
+                # that had its final grant held nothing, nor did anyone below it.)
                 st.recon = st.recon or Reconciliation()
                 ask |= st.recon.add_dead(held, expected(x, old, failed), record)
             else:
@@ -79,7 +87,7 @@ def fail(st: Station, ranks: tuple[int, ...], how: str = "ulfm") -> list[Out]:
     outs += [Out(r, asking) for r in sorted(ask - {st.rank})]
     if isinstance(st.dispatcher, Master) and st.config.ft:
         dep = deputy(nh)
-        if dep != st._mirror_to:
+        if (dep if dep is not None else -1) != st._mirror_to:
             outs += _mirror_full(st, dep)
     if st.dispatcher is not None:
         st.dispatcher.reconciling = st.recon is not None
@@ -155,14 +163,27 @@ def _take_over(st: Station, old: Hierarchy, nh: Hierarchy, wall: float, how: str
             raise RuntimeError(f"rank {st.rank} must take over as master but has no ledger to start from")
         ledger = st.recover()
         source = "checkpoint"
+    elif st.recover is not None and not ledger.complete():
+        # The copy may lack the last commits (a message lost with the master); the checkpoint
+        # file may have them (the master writes it before releasing anyone).
+        disk = st.recover()
+        ledger.commit(disk.committed.ranges(), zip(disk.result_ids.tolist(), _rows(disk)))
+        source = "deputy's copy + checkpoint"
     st.ledger = ledger
     st.mirror = None
     record = failure_record(old.master, old, len(ledger.remaining()), how, st.rank, wall)
     record["ledger_from"] = source
+    st.planner = None  # the new master keeps the plan it finds
+    if ledger.complete() and st.recon is None:
+        # The job was over (the old master copies its last commits here before releasing
+        # anyone): nothing to reconcile; ranks already released will not ask again.
+        st.job_over = True
+        close_record(record, 0, [], wall)
+        st.failures.append(record)
+        return set()
     recon = st.recon or Reconciliation()
     recon.everything = True
     st.recon = recon
-    st.planner = None  # the new master keeps the plan it finds
     return recon.add_dead(RangeSet(), expected(old.master, old, st.failed) - {st.rank}, record)
 
 
@@ -214,6 +235,9 @@ def _relayout(st: Station, nh: Hierarchy) -> list[Out]:
                 if r == st.rank and w is not None:
                     d.attach(child, w.holding())  # this rank's own loop is now served here
     st.dispatcher = d
+    if d is not None and st.job_over:
+        for child in d.children.values():
+            child.finished = True  # released by the old master; a late want still gets its final grant
     if w is None:
         return outs
     parent = st.rank if d is not None else info.parent
@@ -289,7 +313,7 @@ def _finish_recon(st: Station) -> list[Out]:
 
 def _mirror_full(st: Station, dep: int | None) -> list[Out]:
     """The master: (re)start the deputy's copy with the whole ledger."""
-    st._mirror_to = dep
+    st._mirror_to = dep if dep is not None else -1
     d = st.dispatcher
     assert isinstance(d, Master)
     d.mirror_done, d.mirror_results = RangeSet(), []
@@ -299,24 +323,32 @@ def _mirror_full(st: Station, dep: int | None) -> list[Out]:
     results = tuple(zip(led.result_ids.tolist(), _rows(led)))
     return [Out(dep, Mirror(led.committed.ranges(), results, led.total, led.width, True))]
 
-def mirror_out(st: Station) -> list[Out]:
-    """The master: send the deputy what was committed since the last copy."""
+def mirror_out(st: Station, force: bool = False) -> list[Out]:
+    """The master: send the deputy what was committed since the last copy (batched: every
+    ``MIRROR_AGE`` seconds or ``MIRROR_BATCH`` ids), or a heartbeat when there is nothing."""
     d = st.dispatcher
     if not isinstance(d, Master) or not d.mirror:
         return []
+    now = st.clock()
     if st._mirror_to is None:
-        st._mirror_sent = st.clock()
+        st._mirror_sent = now
         return _mirror_full(st, deputy(st.hierarchy))
-    if not (d.mirror_done or d.mirror_results):
-        now = st.clock()
+    if st._mirror_to < 0:  # one process: nobody to copy to
+        d.mirror_done, d.mirror_results = RangeSet(), []
+        return []
+    waiting = len(d.mirror_done)
+    if not waiting:
         if now - st._mirror_sent < st.config.lease_min / 4:
             return []
         st._mirror_sent = now  # a heartbeat: the deputy watches for the master's silence
         return [Out(st._mirror_to, Mirror((), (), d.ledger.total, d.ledger.width))]
-    st._mirror_sent = st.clock()
+    if waiting < MIRROR_BATCH and now - st._mirror_sent < MIRROR_AGE and not force:
+        return []
+    st._mirror_sent = now
     msg = Mirror(d.mirror_done.ranges(), tuple(d.mirror_results), d.ledger.total, d.ledger.width)
     d.mirror_done, d.mirror_results = RangeSet(), []
     return [Out(st._mirror_to, msg)]
+
 
 def lease_kills(st: Station) -> list[Out]:
     """Children silent past their lease: ask for them to be killed (MPI then reports them dead)."""

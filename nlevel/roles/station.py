@@ -26,7 +26,7 @@ from ..config import Config
 from ..hierarchy import Hierarchy, Role, build
 from ..plan import Plan
 from ..ranges import RangeSet
-from ..protocol import Ack, Failed, Grant, Holding, Kill, Message, Mirror, Regroup, Report, Result
+from ..protocol import Ack, Drain, Failed, Grant, Holding, Kill, Message, Mirror, Regroup, Report, Result
 from .autoplan import AutoPlanner
 from .dispatch import Master, Region
 from .ledger import Ledger
@@ -34,7 +34,10 @@ from . import repair
 from .recovery import Reconciliation
 from .worker import WAIT, Out, Worker
 
-__all__ = ["Station"]
+__all__ = ["Station", "TIMELINE_BIN"]
+
+#: Seconds per bin of the servers' request timeline in the run report.
+TIMELINE_BIN = 0.1
 
 
 class Station:
@@ -79,6 +82,10 @@ class Station:
         # includes those sent to live ranks, so ids on their way up between two survivors are
         # not taken for lost (those sent to a rank that died are lost with it).
         self.sent_done: dict[int, RangeSet] | None = None
+        self.drain_requested = False  # this rank was asked to leave the job
+        self.job_over = False  # a new master found every id committed: only releasing is left
+        self.served_bins: dict[int, int] = {}  # wall time // TIMELINE_BIN -> grants sent (a server's timeline)
+        self.drained: dict[int, float] = {}  # the master: ranks it asked to leave, and when
         self.rank = rank
         self.size = hierarchy.size
         self.config = config
@@ -167,6 +174,9 @@ class Station:
             return repair.on_holding(self, src, msg)
         if isinstance(msg, Kill):
             return [Out(msg.rank, msg)]  # the runtime kills it (this rank is on the victim's host)
+        if isinstance(msg, Drain):
+            self.drain_requested = True
+            return []
         outs = self._deliver(src, msg)
         if self.config.ft:
             outs += repair.mirror_out(self)
@@ -239,6 +249,41 @@ class Station:
         if not isinstance(self.dispatcher, Master):
             return []
         return self.route(self.dispatcher.stop())
+
+    def drain(self, ranks: list[int] | None = None, count: int | None = None) -> tuple[list[int], list[Out]]:
+        """The master: choose ranks to leave the job (``ranks``, or the ``count`` highest slaves); tell them.
+
+        Raises:
+            ValueError: naming the rank or count that cannot be drained, and why.
+        """
+        h = self.hierarchy
+        computing = [r for r in range(self.size) if h[r].computes and r not in self.drained]
+        if ranks is not None:
+            for r in ranks:
+                if not 0 <= r < self.size:
+                    raise ValueError(f"rank {r} is not in this job (ranks 0..{self.size - 1})")
+                if r in self.failed:
+                    raise ValueError(f"rank {r} has died already")
+                if r in self.drained or not h[r].computes:
+                    raise ValueError(f"rank {r} is not running tasks (drained already, or a serve-only server)")
+            chosen = sorted(set(ranks))
+        else:
+            assert count is not None
+            slaves = [r for r in computing if h[r].role.value == "slave"]
+            if count > len(slaves):
+                raise ValueError(f"count {count} is more than the {len(slaves)} slaves still running tasks")
+            chosen = sorted(slaves[-count:]) if count else []
+        if len(set(computing) - set(chosen)) < 1:
+            raise ValueError(f"draining {chosen} would leave no rank running tasks")
+        now = self.wall()
+        outs: list[Out] = []
+        for r in chosen:
+            self.drained[r] = now
+            if r == self.rank:
+                self.drain_requested = True
+            else:
+                outs.append(Out(r, Drain()))
+        return chosen, outs
 
     @property
     def stopped(self) -> bool:
@@ -372,6 +417,8 @@ class Station:
         for out in outs:
             msg = out.msg
             if isinstance(msg, Grant):
+                b = int(self.wall() / TIMELINE_BIN)
+                self.served_bins[b] = self.served_bins.get(b, 0) + 1
                 if msg.epoch != self.epoch:
                     msg = Grant(msg.ids, msg.final, msg.residence, msg.dispose, self.epoch)
                 if (
@@ -383,6 +430,10 @@ class Station:
                     self._final_sent = True
                     if self.before_final is not None:
                         self.before_final()
+                    if self.config.ft:
+                        # Everything is committed: the deputy gets the last commits before anyone
+                        # is released, so a master dying now leaves a complete ledger behind.
+                        remote += repair.mirror_out(self, force=True)
             elif isinstance(msg, Report) and msg.epoch != self.epoch and not msg.orphan:
                 msg = Report(msg.done, msg.results, msg.want, msg.returned, msg.leaving, self.epoch,
                              False, msg.task_mean, msg.msg_time, msg.failed, msg.task_max)

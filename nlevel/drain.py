@@ -1,0 +1,75 @@
+"""``python -m nlevel.drain RUN --ranks 5,6 | --count Q``: take ranks out of a running job.
+
+The chosen ranks finish the task they are running, give their queued ids back (they
+run elsewhere) and leave; the job goes on with the others, and its report lists the
+drained ranks. RUN is the job's checkpoint file (the request goes to its control
+directory, ``RUN.control``). Under ``mpiexec --with-ft ulfm`` a drained process exits
+and its core is free for another job; without ULFM it must stay until the job ends
+(MPI would take its exit for a failure), so it waits there asleep, using no CPU.
+``--count`` chooses the highest-numbered slaves; ``--ranks`` may name any rank that
+runs tasks (a region-master stops computing but keeps serving its region).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from .control import SUFFIX, control_dir, submit, wait_answer
+
+__all__ = ["main"]
+
+
+def _ranks(text: str) -> list[int]:
+    try:
+        ranks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ranks must be rank numbers like 5,6, got {text!r}") from None
+    if not ranks or any(r < 0 for r in ranks):
+        raise argparse.ArgumentTypeError(f"--ranks must be rank numbers >= 0 like 5,6, got {text!r}")
+    return ranks
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--count must be an integer >= 1, got {text!r}")
+    return n
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns 0 when the job drained the ranks, 1 when it refused, 2 on bad input or no answer."""
+    p = argparse.ArgumentParser(prog="python -m nlevel.drain", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", metavar="RUN", help="the running job's checkpoint file (or its .control directory)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--ranks", type=_ranks, help="ranks to drain, e.g. 5,6")
+    which.add_argument("--count", type=_count, help="drain this many ranks (the highest-numbered slaves)")
+    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the job's answer (default 30)")
+    args = p.parse_args(argv)
+    directory = args.run if args.run.endswith(SUFFIX) else control_dir(args.run)
+    if not os.path.isdir(directory):
+        print(f"nlevel.drain: error: {directory!r} does not exist; is a job with checkpoint {args.run!r} running? "
+              f"(the control directory is made when a job with a checkpoint starts)", file=sys.stderr)
+        return 2
+    request = {"action": "drain", "ranks": args.ranks, "count": args.count}
+    path = submit(directory, request)
+    answer = wait_answer(path, args.wait)
+    if answer is None:
+        print(f"nlevel.drain: no answer from the job within {args.wait:g} s; the request stays in {path!r} "
+              f"and is acted on if the job reads it later", file=sys.stderr)
+        return 2
+    if "error" in answer:
+        print(f"nlevel.drain: the job refused: {answer['error']}", file=sys.stderr)
+        return 1
+    print(f"nlevel.drain: ranks {answer['result']['ranks']} are leaving the job")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Fault tolerance end to end: real processes, real signals, ``mpiexec --with-ft ulfm``.
+
+The victim chooses its own death here (tests/apps/dying_app.py: sys.exit, an exception,
+a segfault, MemoryError, SIGSTOP at its N-th task), so each case is deterministic; the
+harness that kills from outside by role is tests/test_faults.py. Every case checks the
+promise: every id committed exactly once (checkpoint), the exit status, and the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from nlevel import checkpoint as ckpt
+
+from .test_cli import BIN, completed_ids
+
+APP = os.path.join(os.path.dirname(__file__), "apps", "dying_app.py")
+LOGGING_APP = os.path.join(os.path.dirname(__file__), "apps", "logging_app.py")
+
+
+def run_job(tmp_path, env, n, args, ft=True, timeout=150, app=APP):
+    logs = tmp_path / "logs"
+    logs.mkdir(exist_ok=True)
+    launcher = [os.path.join(BIN, "nlevel-mpiexec"), *(["--with-ft", "ulfm"] if ft else []), "-n", str(n)]
+    cmd = [*launcher, sys.executable, "-m", "nlevel.run", app, "--checkpoint", "run.h5", "--report", "r.json",
+           "--quiet", *args]
+    try:
+        proc = subprocess.run(cmd, cwd=tmp_path, env={**env, "NLEVEL_TEST_LOG_DIR": str(logs)},
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"hung: {' '.join(args)}\n{exc.stderr}")
+    report = json.loads((tmp_path / "r.json").read_text()) if (tmp_path / "r.json").exists() else None
+    runs: Counter[int] = Counter()
+    for name in os.listdir(logs):
+        if name.startswith("exec-"):
+            runs.update(int(x) for x in (logs / name).read_text().split())
+    return proc, report, runs
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("how", ["exit", "raise", "segfault", "memory"])
+def test_a_python_level_death_is_a_detected_failure_not_a_hang(tmp_path, mpi_env, how):
+    proc, report, runs = run_job(tmp_path, mpi_env, 4, ["--n", "200", "--how", how, "--die-rank", "2",
+                                                         "--die-after", "10", "--levels", "2"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["complete"] and report["dead_ranks"] == [2]
+    assert [f["rank"] for f in report["failures"]] == [2] and report["failures"][0]["role"] == "slave"
+    assert completed_ids(tmp_path / "run.h5") == set(range(200))
+    again = [i for i, k in runs.items() if k > 1]
+    assert len(again) <= report["failures"][0]["held"], again  # only what the dead rank held ran twice
+
+
+@pytest.mark.timeout(200)
+def test_a_raising_task_is_retried_then_recorded_failed(tmp_path, mpi_env):
+    proc, report, runs = run_job(tmp_path, mpi_env, 4, ["--n", "120", "--how", "raise", "--die-task", "50",
+                                                         "--poison", "--on-task-error", "retry", "--task-retries", "2",
+                                                         "--levels", "3", "--regions", "2"], ft=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert not report["complete"] and report["committed"] == 119
+    [failed] = report["failed_tasks"]
+    assert failed["id"] == 50 and failed["attempts"] == 3
+    assert "ValueError: task 50 is broken" in failed["error"] and "rank" in failed["error"]
+    assert runs[50] == 3
+    assert "1 task(s) failed after 3 attempt(s)" in proc.stdout or report["failed_tasks"]
+
+
+@pytest.mark.timeout(200)
+def test_a_task_that_raises_once_succeeds_on_retry(tmp_path, mpi_env):
+    proc, report, runs = run_job(tmp_path, mpi_env, 3, ["--n", "100", "--how", "raise", "--die-task", "30",
+                                                         "--on-task-error", "retry"], ft=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["complete"] and report["failed_tasks"] == [] and runs[30] == 2
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("rank", [2, 0], ids=["slave", "master"])
+def test_a_hung_process_is_killed_when_its_lease_expires(tmp_path, mpi_env, rank):
+    """SIGSTOP: MPI sees nothing; the parent's lease (the deputy's, for the master) finds it."""
+    proc, report, runs = run_job(tmp_path, mpi_env, 4, ["--n", "300", "--how", "hang", "--die-rank", str(rank),
+                                                         "--die-after", "15", "--levels", "2", "--lease-min", "2"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["complete"] and report["dead_ranks"] == [rank]
+    assert completed_ids(tmp_path / "run.h5") == set(range(300))
+    assert f"rank {rank} held tasks past its lease; killed it" in proc.stderr
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("ft", [True, False], ids=["ulfm", "no-ulfm"])
+def test_drain_takes_ranks_out_of_a_live_job(tmp_path, mpi_env, ft):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    launcher = [os.path.join(BIN, "nlevel-mpiexec"), *(["--with-ft", "ulfm"] if ft else []), "-n", "6"]
+    cmd = [*launcher, sys.executable, "-m", "nlevel.run", LOGGING_APP, "--n", "4000", "--sleep-ms", "10",
+           "--levels", "3", "--regions", "2", "--checkpoint", "run.h5", "--report", "r.json", "--quiet"]
+    job = subprocess.Popen(cmd, cwd=tmp_path, env={**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs)},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and job.poll() is None:
+            done = sum(len(p.read_text().split()) for p in logs.iterdir())
+            if (tmp_path / "run.h5.control").is_dir() and done > 300:
+                break
+            time.sleep(0.1)
+        drain = subprocess.run([sys.executable, "-m", "nlevel.drain", "run.h5", "--count", "2"], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=60)
+        out, err = job.communicate(timeout=150)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert drain.returncode == 0, drain.stderr
+    assert "ranks [4, 5] are leaving the job" in drain.stdout
+    assert job.returncode == 0, err[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["complete"] and [d["rank"] for d in report["drained"]] == [4, 5] and report["failures"] == []
+    runs: Counter[int] = Counter()
+    for p in logs.iterdir():
+        runs.update(int(x) for x in p.read_text().split())
+    assert set(runs) == set(range(4000)) and max(runs.values()) == 1
+    _, snap, _ = ckpt.read(tmp_path / "run.h5")
+    assert completed_ids(tmp_path / "run.h5") == set(range(4000))
+    tail = {int(x) for p in logs.iterdir() if p.name in ("exec-4.log", "exec-5.log") for x in p.read_text().split()}
+    assert len(tail) < 2 * 4000 / 6  # they stopped early
+
+
+def test_drain_refuses_clearly(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "nlevel.drain", str(tmp_path / "run.h5"), "--count", "2"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "does not exist; is a job with checkpoint" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "nlevel.drain", "run.h5", "--ranks", "a,b"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--ranks must be rank numbers like 5,6, got 'a,b'" in proc.stderr
