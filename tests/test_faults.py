@@ -47,7 +47,7 @@ def explain(res) -> str:
     ("slave", "KILL"),
     ("region-master", "KILL"),
     # A stopped rank is never detected by MPI: only the parent's task lease can kill it.
-    pytest.param("slave", "STOP", marks=pytest.mark.xfail(strict=False, reason="without ULFM no lease watches a stopped rank: the job hangs (reported)")),
+    pytest.param("slave", "STOP"),
 ])
 def test_without_ulfm_a_killed_rank_stops_the_job_and_the_same_command_resumes(tmp_path, mpi_env, role, sig):
     n, size, plan = 2000, 6, plan_of(3, (2,))
@@ -93,14 +93,11 @@ MATRIX = [
     pytest.param(10, 3, (2,), Schedule(role="master"), id="master-1-L3"),
     pytest.param(9, 3, (2,), Schedule(role="region-master", then_new_leader=0.1), id="new-leader-L3"),
     pytest.param(12, 3, (3,), Schedule(role="any", count=3, spacing=0.1, seed=5), id="any-3-L3"),
-    pytest.param(8, 2, (), Schedule(role="master", then_new_leader=0.1), id="new-master-L2",
-                 marks=pytest.mark.xfail(strict=False, reason="the report loses the first master's failure "
-                                                              "when its successor dies too (reported)")),
+    pytest.param(8, 2, (), Schedule(role="master", then_new_leader=0.1), id="new-master-L2"),
 ]
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.xfail(strict=False, reason="fault tolerance not merged yet")
 @pytest.mark.parametrize("size, levels, regions, schedule", MATRIX)
 def test_with_ulfm_the_job_survives(tmp_path, mpi_env, size, levels, regions, schedule):
     n, plan = 3000, plan_of(levels, regions)
