@@ -146,11 +146,14 @@ class Dispatcher:
     # -- serving --------------------------------------------------------------------
     def _serve(self, now: float) -> list[Out]:
         outs: list[Out] = []
-        while self.pending:
-            child = self.pending[0]
-            if self.queue:
-                n = grant_size(child.want, len(self.queue), child.weight, self._active_weight())
-                ids = self.queue.take(n)
+        pending = self.pending
+        queue = self.queue
+        while pending:
+            child = pending[0]
+            available = len(queue)
+            if available:
+                n = grant_size(child.want, available, child.weight, self._active_weight())
+                ids = queue.take(n)
                 child.held.add_ranges(ids)
                 self.held_total += n
                 outs.append(self._grant(child, ids, False, now))
@@ -159,7 +162,7 @@ class Dispatcher:
                 outs.append(self._grant(child, (), True, now))
             else:
                 break
-            self.pending.popleft()
+            pending.popleft()
             self.pending_want -= child.want
             child.want = 0
         return outs
@@ -257,6 +260,7 @@ class Region(Dispatcher):
         self.gone = False  # every child left early; the queue went back to the parent
         self.up_returned = RangeSet()  # ids given back to this region after it left
         self.requests = RequestTimes()  # this region-master's own requests upward
+        self._staying: Child | None = None  # a child not known to have left (see _everyone_left)
 
     def on_grant(self, grant: Grant) -> list[Out]:
         """Handle the parent's grant: queue the ids, serve waiting children, refill if needed."""
@@ -303,7 +307,7 @@ class Region(Dispatcher):
             return [Out(self.parent, Report(report.done, report.results, 0, returned, True))]
         if self.parent_final or self.gone:
             return self._flush() if self.up_done else []
-        if all(c.left for c in self.children.values()):
+        if self._everyone_left():
             # Everyone below left the loop early: give the queue back and leave too.
             self.gone = True
             returned = self.queue.ranges()
@@ -311,8 +315,10 @@ class Region(Dispatcher):
             report = self._report(0)
             return [Out(self.parent, Report(report.done, report.results, 0, returned, True))]
         waiting = self.pending_want
-        deficit = self.target() + waiting - len(self.queue)
-        low = len(self.queue) - waiting < self.target() / 2
+        queued = len(self.queue)
+        target = self.target()
+        deficit = target + waiting - queued
+        low = queued - waiting < target / 2
         if not self.asked and low and deficit > 0:
             self.asked = True
             self.asked_at = now
@@ -320,10 +326,22 @@ class Region(Dispatcher):
         if self.up_done and (
             len(self.up_done) >= self.batch
             or now - self.oldest_up >= self.batch_age
-            or (self.pending and not self.queue)  # region idle: the master may be waiting on these
+            or (self.pending and not queued)  # region idle: the master may be waiting on these
         ):
             return self._flush()
         return []
+
+    def _everyone_left(self) -> bool:
+        """Whether every child has left; remembers one that has not (checked on every message)."""
+        c = self._staying
+        if c is not None and not c.left and self.children.get(c.rank) is c:
+            return False
+        for c in self.children.values():
+            if not c.left:
+                self._staying = c
+                return False
+        self._staying = None
+        return True
 
     def _flush(self) -> list[Out]:
         return [Out(self.parent, self._report(0))]
