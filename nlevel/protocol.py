@@ -47,7 +47,7 @@ Failures (fault-tolerant runs, see :mod:`nlevel.roles.recovery`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from enum import IntEnum
 from typing import Any, ClassVar, Union
 
@@ -176,6 +176,40 @@ Message = Union[Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed, Drai
 _CLASSES = (Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed, Drain)
 _BY_TAG: dict[int, Any] = {cls.TAG: cls for cls in _CLASSES}
 _FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in _CLASSES}
+
+
+def _fast_init(cls: type) -> None:
+    """Give a frozen, slotted dataclass an ``__init__`` that sets each slot through its descriptor.
+
+    The generated frozen ``__init__`` goes through ``object.__setattr__(self, name, value)``
+    for every field; calling each slot's own setter skips the name look-up and makes a
+    :class:`Report` about twice as fast to build (the simulator builds millions). Same
+    parameters, defaults and order; the instances stay frozen (``__setattr__`` still
+    raises). A class with a ``default_factory`` or ``__post_init__`` keeps its own.
+    """
+    fs = fields(cls)
+    if hasattr(cls, "__post_init__") or any(f.default_factory is not MISSING or not f.init for f in fs):
+        return
+    ns: dict[str, Any] = {}
+    params = []
+    body = []
+    for f in fs:
+        ns[f"_set_{f.name}"] = cls.__dict__[f.name].__set__  # the slot's member descriptor
+        if f.default is MISSING:
+            params.append(f.name)
+        else:
+            ns[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+        body.append(f"    _set_{f.name}(self, {f.name})")
+    exec(f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body or ["    pass"]) + "\n", ns)
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    cls.__init__ = init  # type: ignore[misc]
+
+
+for _cls in _CLASSES:
+    _fast_init(_cls)
 
 
 def encode(msg: Message) -> tuple[int, tuple[Any, ...]]:

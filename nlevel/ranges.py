@@ -103,19 +103,36 @@ class RangeSet:
             stops.insert(lo, stop)
             self._count += stop - start
             return stop - start
-        covered = sum(min(stops[k], stop) - max(starts[k], start) for k in range(lo, hi))
-        covered = max(covered, 0)
-        new_start = min(start, starts[lo])
-        new_stop = max(stop, stops[hi - 1])
-        removed = sum(stops[k] - starts[k] for k in range(lo, hi))
-        starts[lo:hi] = [new_start]
-        stops[lo:hi] = [new_stop]
+        # Usually one or two ranges (a gap filled between neighbours): plain loops, no generators.
+        covered = 0
+        removed = 0
+        for k in range(lo, hi):
+            a = starts[k]
+            b = stops[k]
+            covered += (b if b < stop else stop) - (a if a > start else start)
+            removed += b - a
+        if covered < 0:
+            covered = 0
+        a = starts[lo]
+        new_start = start if start < a else a
+        b = stops[hi - 1]
+        new_stop = stop if stop > b else b
+        if hi - lo == 1:
+            starts[lo] = new_start
+            stops[lo] = new_stop
+        else:
+            starts[lo:hi] = [new_start]
+            stops[lo:hi] = [new_stop]
         self._count += (new_stop - new_start) - removed
         return (stop - start) - covered
 
     def add_ranges(self, ranges: Iterable[tuple[int, int]]) -> int:
         """Add every range; return the number of ids that were new."""
-        return sum(self.add(a, b) for a, b in ranges)
+        add = self.add
+        new = 0
+        for a, b in ranges:
+            new += add(a, b)
+        return new
 
     def remove(self, start: int, stop: int) -> int:
         """Remove ``[start, stop)``; return how many ids were actually removed."""
@@ -126,6 +143,26 @@ class RangeSet:
         hi = bisect_left(starts, stop)  # ranges [lo, hi) overlap [start, stop)
         if lo >= hi:
             return 0
+        if hi - lo == 1:
+            # One range touched (a child's finished id, mostly): edit it in place.
+            a, b = starts[lo], stops[lo]
+            if a >= start:
+                if b <= stop:
+                    del starts[lo], stops[lo]
+                    removed = b - a
+                else:
+                    starts[lo] = stop
+                    removed = stop - a
+            elif b <= stop:
+                stops[lo] = start
+                removed = b - start
+            else:
+                stops[lo] = start
+                starts.insert(lo + 1, stop)
+                stops.insert(lo + 1, b)
+                removed = stop - start
+            self._count -= removed
+            return removed
         new_starts: list[int] = []
         new_stops: list[int] = []
         removed = 0
@@ -145,7 +182,11 @@ class RangeSet:
 
     def remove_ranges(self, ranges: Iterable[tuple[int, int]]) -> int:
         """Remove every range; return the number of ids removed."""
-        return sum(self.remove(a, b) for a, b in ranges)
+        remove = self.remove
+        removed = 0
+        for a, b in ranges:
+            removed += remove(a, b)
+        return removed
 
     def take(self, n: int) -> Ranges:
         """Remove and return up to ``n`` of the smallest ids, as ranges."""

@@ -55,8 +55,6 @@ the per-level request times and server loads.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 import time
@@ -66,7 +64,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .config import Config
-from .errors import ConfigError, NlevelError
+from .errors import ConfigError
 from .hierarchy import build
 from .plan import SERVE_ONLY_CHOICES, Plan, default_regions
 from .sim_engine import Engine, EngineResult
@@ -480,126 +478,12 @@ def _servers(result: EngineResult, levels: int, service_time: float, makespan: f
     return out
 
 
-# -- the command line ------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    """Return the parser of ``python -m nlevel.sim``."""
-    p = argparse.ArgumentParser(
-        prog="python -m nlevel.sim",
-        description="Discrete-event simulation of an nlevel farm: the same master / region-master / "
-        "slave state machines, with service and message times from calibration. Prints the overhead "
-        "(1 - work / (procs x makespan)) and the makespan.",
-    )
-    p.add_argument("--procs", type=int, required=True, metavar="N", help="processes to simulate")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--task-time", metavar="L:H", help="task durations uniform in [L, H] seconds, or one constant T")
-    src.add_argument(
-        "--task-times-file", metavar="F", help="task durations sampled (with replacement) from F, one per line, seconds"
-    )
-    p.add_argument("--tasks-per-proc", type=int, default=100, metavar="K", help="tasks per process (default 100)")
-    p.add_argument("--tasks", type=int, metavar="T", help="total tasks (overrides --tasks-per-proc)")
-    p.add_argument(
-        "--plan",
-        default="classic",
-        help="classic (default), auto (the queueing model's choice), or e.g. levels=3,regions=128[,prefetch=2,"
-        "chunk=1,serve_only=none]",
-    )
-    p.add_argument(
-        "--chunk", type=int, default=1, help="ids per slave request unless the plan sets chunk= (default 1, as in the "
-        "paper; 0 = nlevel's automatic chunks)"
-    )
-    p.add_argument("--threshold", type=float, default=0.10, metavar="C", help="--plan auto: overhead threshold (default 0.10)")
-    p.add_argument("--service-time", type=float, metavar="S", help="seconds a server spends per message (default: calibration)")
-    p.add_argument("--msg-time", type=float, metavar="S", help="one-way message seconds (default: calibration)")
-    p.add_argument("--gil-delay", type=float, default=0.0, metavar="S", help="extra seconds per handling while the server computes")
-    p.add_argument(
-        "--startup", type=float, default=0.0, metavar="S", help="fixed seconds of set-up and tear-down (default 0)"
-    )
-    p.add_argument("--batch-age", type=float, metavar="S", help="region-masters' completion batch age (default: Config's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the task durations (default 0)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    return p
-
-
-def run(options: argparse.Namespace) -> SimReport:
-    """Run the simulation ``options`` describe (parsed by :func:`build_parser`).
-
-    Raises:
-        NlevelError: on bad input, naming the value.
-    """
-    if options.procs < 1:
-        raise ConfigError(f"--procs must be an integer >= 1, got {options.procs}")
-    if options.tasks is not None and options.tasks < 1:
-        raise ConfigError(f"--tasks must be an integer >= 1, got {options.tasks}")
-    if options.tasks is None and options.tasks_per_proc < 1:
-        raise ConfigError(f"--tasks-per-proc must be an integer >= 1, got {options.tasks_per_proc}")
-    if options.chunk < 0:
-        raise ConfigError(f"--chunk must be an integer >= 0 (0 = automatic), got {options.chunk}")
-    tasks = options.tasks if options.tasks is not None else options.procs * options.tasks_per_proc
-    if options.task_times_file is not None:
-        samples = read_task_times(options.task_times_file)
-        durations = make_durations(tasks, samples=samples, seed=options.seed)
-        arr = np.asarray(samples)
-        tt: dict[str, Any] = {
-            "kind": "file", "path": options.task_times_file, "samples": len(samples), "mean": float(arr.mean())
-        }
-        mean, spread = float(arr.mean()), float(arr.std())
-    else:
-        lo, hi = parse_task_time(options.task_time)
-        durations = make_durations(tasks, task_time=(lo, hi), seed=options.seed)
-        mean, spread = (lo + hi) / 2, hi - lo
-        tt = {"kind": "constant" if lo == hi else "uniform", "lo": lo, "hi": hi, "mean": mean}
-    tt["seed"] = options.seed
-    service, msg, source = default_times()
-    if options.service_time is not None or options.msg_time is not None:
-        source = "given" if options.service_time is not None and options.msg_time is not None else source + ", partly given"
-    service = options.service_time if options.service_time is not None else service
-    msg = options.msg_time if options.msg_time is not None else msg
-    if not (math.isfinite(service) and service > 0):
-        raise ConfigError(f"--service-time must be > 0 s, got {service}")
-    if not (math.isfinite(msg) and msg >= 0):
-        raise ConfigError(f"--msg-time must be >= 0 s, got {msg}")
-    for flag, v in (("--gil-delay", options.gil_delay), ("--startup", options.startup)):
-        if not (math.isfinite(v) and v >= 0):
-            raise ConfigError(f"{flag} must be >= 0 s, got {v}")
-    plan, predicted = parse_plan(
-        options.plan,
-        options.procs,
-        options.chunk,
-        task_time=mean,
-        task_time_spread=spread,
-        service_time=service,
-        msg_time=msg,
-        threshold=options.threshold,
-    )
-    config = Config() if options.batch_age is None else Config(batch_age=options.batch_age)
-    return simulate(
-        options.procs,
-        plan,
-        durations,
-        service,
-        msg,
-        gil_delay=options.gil_delay,
-        startup=options.startup,
-        config=config,
-        times_source=source,
-        predicted_overhead=predicted,
-        task_time=tt,
-    )
-
-
+# -- the command line (nlevel.sim_cli) -------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``python -m nlevel.sim``; return the exit status (2 for bad input)."""
-    options = build_parser().parse_args(argv)
-    try:
-        report = run(options)
-    except NlevelError as exc:
-        print(f"nlevel.sim: error: {exc}", file=sys.stderr)
-        return 2
-    if options.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        print(report.summary())
-    return 0
+    """Run ``python -m nlevel.sim``; return the exit status (2 for bad input). See :mod:`nlevel.sim_cli`."""
+    from .sim_cli import main as cli_main
+
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

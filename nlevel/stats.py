@@ -45,21 +45,28 @@ class Summary:
 
     def add(self, x: float) -> None:
         """Add one value."""
-        self.n += 1
+        # Locals instead of repeated attribute updates: every simulated task adds five values.
+        n = self.n + 1
+        self.n = n
         self.total += x
-        d = x - self._mean
-        self._mean += d / self.n
-        self._m2 += d * (x - self._mean)
+        mean = self._mean
+        d = x - mean
+        mean += d / n
+        self._mean = mean
+        self._m2 += d * (x - mean)
         if x < self.lo:
             self.lo = x
         if x > self.hi:
             self.hi = x
-        if len(self.sample) < self.cap:
-            self.sample.append(x)
-        elif self.cap:
-            k = int(self._rng.random() * self.n)
-            if k < self.cap:
-                self.sample[k] = x
+        cap = self.cap
+        if cap:
+            sample = self.sample
+            if len(sample) < cap:
+                sample.append(x)
+            else:
+                k = int(self._rng.random() * n)
+                if k < cap:
+                    sample[k] = x
 
     def merge(self, other: Summary) -> None:
         """Fold ``other`` into this summary (Chan et al. parallel variance)."""

@@ -55,3 +55,35 @@ def test_huge_spans_cost_nothing():
     assert len(rs) == 10**9
     assert rs.take(3) == ((0, 3),)
     assert rs.pop() == 3 and rs.first() == 4
+
+
+many = st.lists(st.tuples(st.integers(0, 80), st.integers(0, 10)), max_size=6)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["add_ranges", "remove_ranges", "pop"]), many), max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_bulk_operations_match_a_python_set(steps):
+    # The fast paths (one range touched: edited in place; merges without generators)
+    # against a reference set, with the counts each call returns.
+    rs, model = RangeSet(), set()
+    for op, pairs in steps:
+        ids = [set(range(a, a + n)) for a, n in pairs]
+        if op == "add_ranges":
+            expected = 0
+            for s in ids:
+                expected += len(s - model)
+                model |= s
+            assert rs.add_ranges((a, a + n) for a, n in pairs) == expected
+        elif op == "remove_ranges":
+            expected = 0
+            for s in ids:
+                expected += len(s & model)
+                model -= s
+            assert rs.remove_ranges([(a, a + n) for a, n in pairs]) == expected
+        elif model:
+            assert rs.pop() == min(model)
+            model.remove(min(model))
+        assert list(rs) == sorted(model) and len(rs) == len(model)
+        ranges = rs.ranges()
+        assert all(a < b for a, b in ranges)
+        assert all(ranges[k][1] < ranges[k + 1][0] for k in range(len(ranges) - 1))

@@ -320,3 +320,33 @@ def test_switching_plans_mid_run_loses_and_duplicates_nothing(seed, size, serve_
 def test_auto_refuses_serve_only_all():
     with pytest.raises(ConfigError, match="levels=auto supports serve_only none or master"):
         Config(levels=0, serve_only="all")
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 60), st.integers(1, 6), st.booleans()), max_size=40),
+    st.integers(0, 3),
+)
+@settings(max_examples=200, deadline=None)
+def test_ledger_commits_out_of_order_exactly_once(commits, seed):
+    # Completions arrive in any order (the master commits whatever finishes first): the
+    # ledger counts new and recomputed ids and keeps each id's first result.
+    total = 70
+    ledger = Ledger(total)
+    seen: set[int] = set()
+    first: dict[int, float] = {}
+    recomputed = 0
+    for k, (a, n, with_results) in enumerate(commits):
+        b = min(total, a + n)
+        results = tuple((i, float(k * 100 + i + seed)) for i in range(a, b)) if with_results else ()
+        fresh = set(range(a, b)) - seen
+        assert ledger.commit(((a, b),), results) == len(fresh)
+        recomputed += (b - a) - len(fresh)
+        for i, v in results:
+            if i not in seen:
+                first[i] = v
+        seen |= fresh
+        assert ledger.n_committed == len(seen) and ledger.recomputed == recomputed
+    assert list(ledger.committed) == sorted(seen)
+    assert ledger.complete() == (len(seen) == total)
+    assert dict(zip(ledger.result_ids, ledger.result_values)) == first
+    assert list(ledger.remaining()) == [i for i in range(total) if i not in seen]

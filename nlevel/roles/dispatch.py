@@ -249,11 +249,14 @@ class Dispatcher:
     # -- serving --------------------------------------------------------------------
     def _serve(self, now: float) -> list[Out]:
         outs: list[Out] = []
-        while self.pending:
-            child = self.pending[0]
-            if self.queue:
-                n = grant_size(child.want, len(self.queue), child.weight, self._active_weight())
-                ids = self.queue.take(n)
+        pending = self.pending
+        queue = self.queue
+        while pending:
+            child = pending[0]
+            available = len(queue)
+            if available:
+                n = grant_size(child.want, available, child.weight, self._active_weight())
+                ids = queue.take(n)
                 child.held.add_ranges(ids)
                 child.heard = now
                 self.held_total += n
@@ -263,7 +266,7 @@ class Dispatcher:
                 outs.append(self._grant(child, (), True, now))
             else:
                 break
-            self.pending.popleft()
+            pending.popleft()
             self.pending_want -= child.want
             child.want = 0
         return outs
@@ -409,6 +412,7 @@ class Region(Dispatcher):
         self.up_returned = RangeSet()  # ids given back to this region after it left
         self.up_failed: list[tuple[int, str]] = []  # tasks that raised below, for the master to decide
         self.requests = RequestTimes()  # this region-master's own requests upward
+        self._staying: Child | None = None  # a child not known to have left (see _everyone_left)
 
     def on_grant(self, grant: Grant) -> list[Out]:
         """Handle the parent's grant: queue the ids, serve waiting children, refill if needed."""
@@ -461,7 +465,7 @@ class Region(Dispatcher):
                                                 task_max=report.task_max))]
         if self.parent_final or self.gone:
             return self._flush() if (self.up_done or self.up_failed) else []
-        if self.children and all(c.left for c in self.children.values()):
+        if self.children and self._everyone_left():
             # Everyone below left the loop early: give the queue back and leave too.
             self.gone = True
             returned = self.queue.ranges()
@@ -470,8 +474,10 @@ class Region(Dispatcher):
             return [Out(self.parent, Report(report.done, report.results, 0, returned, True, failed=report.failed,
                                                 task_max=report.task_max))]
         waiting = self.pending_want
-        deficit = self.target() + waiting - len(self.queue)
-        low = len(self.queue) - waiting < self.target() / 2
+        queued = len(self.queue)
+        target = self.target()
+        deficit = target + waiting - queued
+        low = queued - waiting < target / 2
         if not self.asked and low and deficit > 0:
             self.asked = True
             self.asked_at = now
@@ -479,10 +485,22 @@ class Region(Dispatcher):
         if (self.up_done or self.up_failed) and (
             len(self.up_done) >= self.batch
             or now - self.oldest_up >= self.batch_age
-            or (self.pending and not self.queue)  # region idle: the master may be waiting on these
+            or (self.pending and not queued)  # region idle: the master may be waiting on these
         ):
             return self._flush()
         return []
+
+    def _everyone_left(self) -> bool:
+        """Whether every child has left; remembers one that has not (checked on every message)."""
+        c = self._staying
+        if c is not None and not c.left and self.children.get(c.rank) is c:
+            return False
+        for c in self.children.values():
+            if not c.left:
+                self._staying = c
+                return False
+        self._staying = None
+        return True
 
     def _flush(self) -> list[Out]:
         return [Out(self.parent, self._report(0))]

@@ -78,15 +78,18 @@ class Ledger:
 
     def commit(self, done: Iterable[tuple[int, int]], results: Iterable[tuple[int, Any]] = ()) -> int:
         """Commit finished ids and their results (a float, or ``width`` floats); return how many ids were new."""
-        fresh_results = [(i, v) for i, v in results if i not in self.committed]
+        committed = self.committed
+        fresh_results = [(i, v) for i, v in results if i not in committed] if results else ()
         new = 0
+        asked = 0
+        add = committed.add
         for a, b in done:
-            added = self.committed.add(a, b)
-            new += added
-            self.recomputed += (b - a) - added
+            new += add(a, b)
+            asked += b - a
             if self.failed:
                 for tid in [t for t in self.failed if a <= t < b]:
                     del self.failed[tid]
+        self.recomputed += asked - new
         for i, v in fresh_results:
             self.result_ids.append(i)
             if self.width == 1:

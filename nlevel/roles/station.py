@@ -385,6 +385,8 @@ class Station:
         assert w is not None
         task_mean = w.task_times.mean if (msg.want and w.task_times.n) else 0.0
         msg_time = w.requests.message.mean if (msg.want and w.requests.message.n) else 0.0
+        if msg.epoch == self.epoch and not msg.orphan and msg.task_mean == task_mean and msg.msg_time == msg_time:
+            return out  # already stamped (the worker measures its requests): no copy
         return Out(out.dest, Report(msg.done, msg.results, msg.want, msg.returned, msg.leaving,
                                     self.epoch, False, task_mean, msg_time, msg.failed, msg.task_max))
 
@@ -443,7 +445,7 @@ class Station:
             if out.dest != self.rank:
                 if self.sent_done is not None and isinstance(msg, Report) and msg.done:
                     self.sent_done.setdefault(out.dest, RangeSet()).add_ranges(msg.done)
-                remote.append(Out(out.dest, msg))
+                remote.append(out if msg is out.msg else Out(out.dest, msg))
             elif isinstance(msg, Report):
                 assert self.dispatcher is not None
                 remote += self.route(self.dispatcher.on_report(self.rank, msg))

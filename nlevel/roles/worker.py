@@ -9,7 +9,6 @@ region-masters run one whose parent is their own dispatcher, in the same process
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from ..protocol import Grant, Message, Report, Result
 from ..ranges import RangeSet
@@ -23,12 +22,29 @@ WAIT = -1
 END = -2
 
 
-@dataclass(frozen=True)
 class Out:
-    """A message to send: ``msg`` to rank ``dest``."""
+    """A message to send: ``msg`` to rank ``dest`` (treat it as immutable).
 
-    dest: int
-    msg: Message
+    A plain class with slots rather than a frozen dataclass: every task creates a few
+    (the simulator makes millions), and this constructs about 3x faster.
+    """
+
+    __slots__ = ("dest", "msg")
+
+    def __init__(self, dest: int, msg: Message) -> None:
+        self.dest = dest
+        self.msg = msg
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Out):
+            return NotImplemented
+        return self.dest == other.dest and self.msg == other.msg
+
+    def __hash__(self) -> int:
+        return hash((self.dest, self.msg))
+
+    def __repr__(self) -> str:
+        return f"Out(dest={self.dest!r}, msg={self.msg!r})"
 
 
 def auto_chunk(mean_task_s: float, target_s: float, max_chunk: int) -> int:
@@ -186,8 +202,17 @@ class Worker:
         return Out(self.parent, self._drain_report(want))
 
     def _drain_report(self, want: int) -> Report:
-        report = Report(self.done.ranges(), tuple(self.results), want, failed=tuple(self.failed),
-                        task_max=self.task_times.hi if self.task_times.n else 0.0)
+        # A request carries this rank's measurements for the planner (what Station._stamp
+        # puts there; made here once so the Station need not rebuild the report).
+        times = self.task_times
+        longest = times.hi if times.n else 0.0
+        if want:
+            report = Report(self.done.ranges(), tuple(self.results), want, (), False, 0, False,
+                            times.mean if times.n else 0.0,
+                            self.requests.message.mean if self.requests.message.n else 0.0,
+                            tuple(self.failed), longest)
+        else:
+            report = Report(self.done.ranges(), tuple(self.results), want, failed=tuple(self.failed), task_max=longest)
         self.done = RangeSet()
         self.results = []
         self.failed = []
