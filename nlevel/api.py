@@ -117,12 +117,12 @@ class Farm:
         self.failed: tuple[int, ...] = ()  # ranks that died during the run (fault-tolerant runs)
         self._survivors: Any = None  # the transport over the survivors, after the end
         self._exit_code: int | None = None  # after failures: the process must end with os._exit
-        atexit.register(self._exit_guard)
         try:
             self._setup(t, problem, total, checkpoint, fingerprint, fresh, config)
         except BaseException:
             t.comm.Free()
             raise
+        atexit.register(self._exit_guard)  # the farm runs: leaving mid-job must not hang the others
 
     def _setup(
         self,
