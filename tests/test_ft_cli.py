@@ -17,8 +17,6 @@ from collections import Counter
 
 import pytest
 
-from nlevel import checkpoint as ckpt
-
 from .test_cli import BIN, completed_ids
 
 APP = os.path.join(os.path.dirname(__file__), "apps", "dying_app.py")
@@ -68,7 +66,6 @@ def test_a_raising_task_is_retried_then_recorded_failed(tmp_path, mpi_env):
     assert failed["id"] == 50 and failed["attempts"] == 3
     assert "ValueError: task 50 is broken" in failed["error"] and "rank" in failed["error"]
     assert runs[50] == 3
-    assert "1 task(s) failed after 3 attempt(s)" in proc.stdout or report["failed_tasks"]
 
 
 @pytest.mark.timeout(200)
@@ -123,7 +120,6 @@ def test_drain_takes_ranks_out_of_a_live_job(tmp_path, mpi_env, ft):
     for p in logs.iterdir():
         runs.update(int(x) for x in p.read_text().split())
     assert set(runs) == set(range(4000)) and max(runs.values()) == 1
-    _, snap, _ = ckpt.read(tmp_path / "run.h5")
     assert completed_ids(tmp_path / "run.h5") == set(range(4000))
     tail = {int(x) for p in logs.iterdir() if p.name in ("exec-4.log", "exec-5.log") for x in p.read_text().split()}
     assert len(tail) < 2 * 4000 / 6  # they stopped early
