@@ -21,3 +21,7 @@ class CheckpointError(NlevelError):
 
 class AppError(NlevelError):
     """An application (``APP`` of ``python -m nlevel.run``) that breaks the app contract."""
+
+
+class SimStalled(RuntimeError):
+    """The simulated farm stopped with work left (a bug in the roles or in the engine)."""

@@ -1,8 +1,13 @@
-"""The messages between a rank and its parent: one tag enum, one frozen dataclass per kind.
+"""The messages between a rank and its parent: one tag enum, one dataclass per kind.
 
 Task ids travel in payloads as ranges (``((start, stop), ...)``), never in MPI tags.
 On the wire a message is a plain tuple of its fields (cheap to pickle); the MPI tag
 says which class it is. Pure Python, no MPI.
+
+A message is never changed once built: treat it as immutable. The classes are not
+``frozen`` dataclasses only because a frozen one takes two to three times as long to
+build (interpreted, and compiled for the simulator, see :mod:`nlevel.sim_build`), and
+the simulator builds millions; they hash by value like frozen ones.
 
 Conversation (child C, parent P):
 
@@ -47,14 +52,15 @@ Failures (fault-tolerant runs, see :mod:`nlevel.roles.recovery`):
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass, fields
 from enum import IntEnum
-from typing import Any, ClassVar, Union
+from typing import Any, Union
 
 from .ranges import Ranges
 
 __all__ = [
-    "Tag", "Report", "Grant", "Regroup", "Ack", "Holding", "Mirror", "Kill", "Failed", "Drain", "Message", "Result",
+    "Tag", "TAG_OF", "Report", "Grant", "Regroup", "Ack", "Holding", "Mirror", "Kill", "Failed", "Drain", "Message",
+    "Result",
     "encode", "decode",
 ]
 
@@ -76,11 +82,10 @@ class Tag(IntEnum):
     DRAIN = 19
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Report:
     """Child to parent: completions, results, and a request for more ids."""
 
-    TAG: ClassVar[Tag] = Tag.REPORT
     done: Ranges = ()
     results: tuple[tuple[int, Result], ...] = ()
     want: int = 0
@@ -94,11 +99,10 @@ class Report:
     task_max: float = 0.0  # the longest task seen below the sender (s): the leases follow it
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Grant:
     """Parent to child: ids to run, or the news that there will be no more."""
 
-    TAG: ClassVar[Tag] = Tag.GRANT
     ids: Ranges = ()
     final: bool = False
     residence: float = 0.0
@@ -106,38 +110,34 @@ class Grant:
     epoch: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Regroup:
     """Master to every rank: switch to ``plan`` (a :meth:`Plan.to_dict`) as epoch ``epoch``."""
 
-    TAG: ClassVar[Tag] = Tag.REGROUP
     epoch: int
     plan: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Ack:
     """Child to its parent of epoch ``epoch - 1``: switched; nothing more comes under the old plan."""
 
-    TAG: ClassVar[Tag] = Tag.ACK
     epoch: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Holding:
     """Child to its reconciler and its new parent after its parent died: the ids its subtree holds."""
 
-    TAG: ClassVar[Tag] = Tag.HOLDING
     held: Ranges = ()
     failed: tuple[int, ...] = ()  # the dead ranks the sender knows of (the receiver waits until it does too)
     ask: bool = False  # a reconciler asks: "tell me what you hold" (the answer is a Holding)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Mirror:
     """Master to deputy: commits to copy (``full``: the whole ledger, replacing the copy)."""
 
-    TAG: ClassVar[Tag] = Tag.MIRROR
     done: Ranges = ()
     results: tuple[tuple[int, Result], ...] = ()
     total: int = 0
@@ -146,75 +146,51 @@ class Mirror:
     failures: tuple[dict[str, Any], ...] = ()  # the master's failure records (the report survives it too)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Kill:
     """A lease on ``rank`` expired: kill it (the rank on its host does), so MPI reports it dead."""
 
-    TAG: ClassVar[Tag] = Tag.KILL
     rank: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Failed:
     """Local event: MPI reported these ranks dead (``how``: "ulfm", or why else)."""
 
-    TAG: ClassVar[Tag] = Tag.FAILED
     ranks: tuple[int, ...]
     how: str = "ulfm"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Drain:
     """Master to a rank: finish the current task, give back the rest, and leave the job (an operator's drain)."""
 
-    TAG: ClassVar[Tag] = Tag.DRAIN
     why: str = "drained by the operator"
 
 
 Message = Union[Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed, Drain]
 
 _CLASSES = (Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed, Drain)
-_BY_TAG: dict[int, Any] = {cls.TAG: cls for cls in _CLASSES}
+#: The tag of each message class (a mapping, not a class attribute: the classes stay plain
+#: dataclasses, which mypyc compiles for the simulator, see nlevel.sim_build).
+TAG_OF: dict[type, Tag] = {
+    Report: Tag.REPORT,
+    Grant: Tag.GRANT,
+    Regroup: Tag.REGROUP,
+    Ack: Tag.ACK,
+    Holding: Tag.HOLDING,
+    Mirror: Tag.MIRROR,
+    Kill: Tag.KILL,
+    Failed: Tag.FAILED,
+    Drain: Tag.DRAIN,
+}
+_BY_TAG: dict[int, Any] = {int(t): c for c, t in TAG_OF.items()}
 _FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in _CLASSES}
-
-
-def _fast_init(cls: type) -> None:
-    """Give a frozen, slotted dataclass an ``__init__`` that sets each slot through its descriptor.
-
-    The generated frozen ``__init__`` goes through ``object.__setattr__(self, name, value)``
-    for every field; calling each slot's own setter skips the name look-up and makes a
-    :class:`Report` about twice as fast to build (the simulator builds millions). Same
-    parameters, defaults and order; the instances stay frozen (``__setattr__`` still
-    raises). A class with a ``default_factory`` or ``__post_init__`` keeps its own.
-    """
-    fs = fields(cls)
-    if hasattr(cls, "__post_init__") or any(f.default_factory is not MISSING or not f.init for f in fs):
-        return
-    ns: dict[str, Any] = {}
-    params = []
-    body = []
-    for f in fs:
-        ns[f"_set_{f.name}"] = cls.__dict__[f.name].__set__  # the slot's member descriptor
-        if f.default is MISSING:
-            params.append(f.name)
-        else:
-            ns[f"_default_{f.name}"] = f.default
-            params.append(f"{f.name}=_default_{f.name}")
-        body.append(f"    _set_{f.name}(self, {f.name})")
-    exec(f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body or ["    pass"]) + "\n", ns)
-    init = ns["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
-    cls.__init__ = init  # type: ignore[misc]
-
-
-for _cls in _CLASSES:
-    _fast_init(_cls)
 
 
 def encode(msg: Message) -> tuple[int, tuple[Any, ...]]:
     """Return ``(tag, payload)`` for sending ``msg``."""
-    return int(msg.TAG), tuple(getattr(msg, name) for name in _FIELDS[type(msg)])
+    return int(TAG_OF[type(msg)]), tuple(getattr(msg, name) for name in _FIELDS[type(msg)])
 
 
 def decode(tag: int, payload: tuple[Any, ...]) -> Message:

@@ -23,14 +23,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from scipy import stats
-
 from .errors import ConfigError
 from .plan import Plan
 
 __all__ = [
     "PoissonFit",
     "fit_poisson",
+    "preload",
     "mm1_wait",
     "LevelLoad",
     "Prediction",
@@ -73,6 +72,20 @@ class PoissonFit:
         return {**asdict(self), "rate_per_s": self.rate}
 
 
+
+def _scipy_stats() -> Any:
+    """scipy.stats, imported on first use: it takes about a second, and only ``--levels auto`` tests
+    arrivals (its planner calls :func:`preload` at set-up, so the master does not stall mid-job)."""
+    from scipy import stats
+
+    return stats
+
+
+def preload() -> None:
+    """Import what :func:`fit_poisson` needs now rather than at the first fit."""
+    _scipy_stats()
+
+
 def fit_poisson(counts: Sequence[int], interval: float, alpha: float = 0.01) -> PoissonFit:
     """Fit λ̂ = mean and σ̂² = variance of ``counts`` and test the Poisson hypothesis.
 
@@ -90,7 +103,7 @@ def fit_poisson(counts: Sequence[int], interval: float, alpha: float = 0.01) -> 
         return PoissonFit(0.0, var, m, interval, 1.0, 1.0, "poisson" if var == 0 else "over-dispersed")
     dispersion = var / lam
     chi = (m - 1) * dispersion
-    lower = float(stats.chi2.cdf(chi, m - 1))
+    lower = float(_scipy_stats().chi2.cdf(chi, m - 1))
     p = 2 * min(lower, 1 - lower)
     if p >= alpha:
         verdict = "poisson"

@@ -67,6 +67,7 @@ from .config import Config
 from .errors import ConfigError
 from .hierarchy import build
 from .plan import SERVE_ONLY_CHOICES, Plan, default_regions
+from .sim_build import compiled
 from .sim_engine import Engine, EngineResult
 
 __all__ = [
@@ -115,6 +116,7 @@ class SimReport:
         recomputed: Ids committed more than once (0).
         tasks_run: Task executions (equals ``tasks``: none ran twice).
         task_time: How durations were drawn.
+        engine: ``"compiled (mypyc)"`` or ``"python"`` (see :mod:`nlevel.sim_build`).
     """
 
     procs: int
@@ -137,6 +139,7 @@ class SimReport:
     recomputed: int = 0
     tasks_run: int = 0
     task_time: dict[str, Any] = field(default_factory=dict)
+    engine: str = "python"
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (the ``--json`` output)."""
@@ -161,6 +164,7 @@ class SimReport:
             "tasks_run": self.tasks_run,
             "events": self.events,
             "sim_seconds": self.sim_seconds,
+            "engine": self.engine,
         }
 
     def summary(self) -> str:
@@ -189,7 +193,7 @@ class SimReport:
                 f"  {name}: {int(s['servers'])} server(s), {int(s['messages'])} messages handled, "
                 f"busy {100 * s['busy']:.1f}% of the makespan (busiest {100 * s['busiest']:.1f}%)"
             )
-        lines.append(f"  simulated in {self.sim_seconds:.1f} s ({self.events} events)")
+        lines.append(f"  simulated in {self.sim_seconds:.1f} s ({self.events} events, {self.engine} engine)")
         return "\n".join(lines)
 
 
@@ -443,6 +447,7 @@ def simulate(
         recomputed=result.ledger.recomputed,
         tasks_run=result.tasks_run,
         task_time=task_time or {"kind": "given", "mean": work / len(durations) if len(durations) else 0.0},
+        engine="compiled (mypyc)" if compiled() else "python",
     )
 
 

@@ -14,8 +14,11 @@ instead of pushing every event through one heap:
 * server handlings: a server starts handling a message "now" and every handling
   lasts ``service_time``, so handling ends are also in time order: a second deque
   (one entry per server that is busy, its queue of waiting messages kept apart);
-* a heap of ``(time, kind, rank)`` for what varies: task ends, batch-age ticks, and
-  handlings lengthened by the optional GIL delay.
+* a heap of times for what varies: task ends, batch-age ticks, and handlings
+  lengthened by the optional GIL delay. The heap holds bare floats (32,768 tasks in
+  flight make tuple comparisons the engine's largest cost); a dict maps each time to
+  what happens then, ``kind * size + rank`` (a list in the rare case of a tie), so ties
+  still go in ``(kind, rank)`` order.
 """
 
 from __future__ import annotations
@@ -29,24 +32,20 @@ from functools import partial
 from typing import Sequence
 
 from .config import Config
-from .errors import ConfigError
+from .errors import ConfigError, SimStalled
 from .hierarchy import Hierarchy
 from .protocol import Grant, Message
 from .roles.dispatch import Region
 from .roles.ledger import Ledger
 from .roles.station import Station
 from .roles.worker import END, WAIT, Out
-from .stats import RequestTimes, Summary
+from .stats import PARTS, RequestTimes, Summary
 
 __all__ = ["SimClock", "EngineResult", "Engine", "SimStalled", "LeanSummary"]
 
 _INF = math.inf
 # Heap entry kinds; at equal times a handling end goes first, then task ends, then ticks.
 _SERVE, _TASK, _TICK = 0, 1, 2
-
-
-class SimStalled(RuntimeError):
-    """The simulated farm stopped with work left (a bug in the roles or in the engine)."""
 
 
 class SimClock:
@@ -102,7 +101,7 @@ def LeanSummary() -> Summary:
 
 
 def _lean(times: RequestTimes) -> None:
-    for name in RequestTimes.__slots__:
+    for name in PARTS:
         setattr(times, name, LeanSummary())
 
 
@@ -148,7 +147,17 @@ class Engine:
         # The Stations read the time through a C-level callable (half the cost of calling
         # SimClock; they read it several times per task).
         now = partial(getattr, self.clock, "t")
-        self.stations = [Station(hierarchy, r, config, now, self.ledger if r == 0 else None) for r in range(size)]
+        # The cyclic collector would walk the Stations built so far again and again while
+        # 32,768 of them are made (see run()); the wall clock is the simulated one too.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self.stations = [
+                Station(hierarchy, r, config, now, self.ledger if r == 0 else None, wall=now) for r in range(size)
+            ]
+        finally:
+            if enabled:
+                gc.enable()
         for st in self.stations:
             if st.worker is not None:
                 st.worker.task_times = LeanSummary()
@@ -183,7 +192,8 @@ class Engine:
         msg_time = self.msg_time
         svc = self.service_time
         gil = self.gil_delay
-        heap: list[tuple[float, int, int]] = []
+        heap: list[float] = []  # times at which something in `at` happens
+        at: dict[float, int | list[int]] = {}  # time -> kind * size + rank (a list when tied)
         heappush, heappop = heapq.heappush, heapq.heappop
         msgs: deque[tuple[float, int, int, Message]] = deque()  # (arrival, dest, src, msg)
         ends: deque[tuple[float, int]] = deque()  # (handling end, server)
@@ -207,6 +217,17 @@ class Engine:
         events = 0
         now = 0.0
 
+        def push(t: float, kind: int, r: int) -> None:
+            code = kind * size + r
+            e = at.get(t)
+            if e is None:
+                at[t] = code
+                heappush(heap, t)
+            elif isinstance(e, int):
+                at[t] = [e, code]
+            else:
+                e.append(code)
+
         def check_tick(r: int) -> None:
             # Completions buffered at a region-master go up by count or age; an age is
             # only ever reached between events, so schedule a tick exactly then.
@@ -217,7 +238,7 @@ class Engine:
                 while due - d.oldest_up < d.batch_age:  # rounding: the tick must see the age reached
                     due = math.nextafter(due, _INF)
                 tick_at[r] = due
-                heappush(heap, (due, _TICK, r))
+                push(due, _TICK, r)
 
         def resume(r: int, t: float) -> None:
             # The rank's loop asks for its next task (the same steps as the hot paths below).
@@ -230,7 +251,7 @@ class Engine:
             if tid >= 0:
                 waiting[r] = False
                 counts[1] += 1
-                heappush(heap, (t + dur[tid], _TASK, r))
+                push(t + dur[tid], _TASK, r)
             elif tid == WAIT:
                 waiting[r] = True
             else:
@@ -252,7 +273,7 @@ class Engine:
         def start_handling(r: int, t: float) -> None:
             w = workers[r]
             if gil and w is not None and w.current is not None:
-                heappush(heap, (t + svc + gil, _SERVE, r))
+                push(t + svc + gil, _SERVE, r)
             else:
                 ends_append((t + svc, r))
 
@@ -288,7 +309,7 @@ class Engine:
 
         while True:
             events += 1
-            th = heap[0][0] if heap else _INF
+            th = heap[0] if heap else _INF
             if ends and ends[0][0] <= th and (not msgs or ends[0][0] <= msgs[0][0]):
                 now, r = ends_popleft()
                 if gil or region[r]:
@@ -335,7 +356,18 @@ class Engine:
                 if waiting[dest]:
                     resume(dest, now)
             elif heap:
-                now, kind, r = heappop(heap)
+                now = heap[0]
+                e = at[now]
+                if isinstance(e, int):
+                    heappop(heap)
+                    del at[now]
+                    code = e
+                else:  # a tie: (kind, rank) order
+                    code = min(e)
+                    e.remove(code)
+                    if len(e) == 1:
+                        at[now] = e[0]
+                kind, r = divmod(code, size)
                 if kind == _TASK:
                     clock.t = now
                     st = stations[r]

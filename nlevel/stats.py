@@ -123,6 +123,10 @@ class Summary:
         }
 
 
+#: The parts of a request time, as :class:`RequestTimes` names them.
+PARTS = ("total", "message", "wait", "dispose")
+
+
 class RequestTimes:
     """The parts of a child's request time as the paper splits them.
 
@@ -149,9 +153,9 @@ class RequestTimes:
 
     def merge(self, other: RequestTimes) -> None:
         """Fold ``other`` into this one."""
-        for name in self.__slots__:
+        for name in PARTS:
             getattr(self, name).merge(getattr(other, name))
 
     def to_dict(self) -> dict[str, Any]:
         """Return the parts in milliseconds."""
-        return {name: getattr(self, name).to_dict(1e3) for name in self.__slots__}
+        return {name: getattr(self, name).to_dict(1e3) for name in PARTS}

@@ -87,3 +87,31 @@ def test_bulk_operations_match_a_python_set(steps):
         ranges = rs.ranges()
         assert all(a < b for a, b in ranges)
         assert all(ranges[k][1] < ranges[k + 1][0] for k in range(len(ranges) - 1))
+
+
+wide = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 12)), min_size=8, max_size=40)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["add", "add_ranges", "remove_ranges"]), wide), max_size=25))
+@settings(max_examples=300, deadline=None)
+def test_merges_of_many_ranges_match_a_python_set(steps):
+    # Eight or more ranges at once, as a tuple: add_ranges and remove_ranges merge the two
+    # sorted lists in one pass (unsorted, overlapping and empty input ranges included).
+    rs, model = RangeSet(), set()
+    for op, pairs in steps:
+        ranges = tuple((a, a + n) for a, n in pairs)
+        ids = set().union(*(range(a, b) for a, b in ranges))
+        if op == "add":
+            for a, b in ranges:
+                rs.add(a, b)
+            model |= ids
+        elif op == "add_ranges":
+            assert rs.add_ranges(ranges) == len(ids - model)
+            model |= ids
+        else:
+            assert rs.remove_ranges(list(ranges)) == len(ids & model)
+            model -= ids
+        assert set(rs) == model and len(rs) == len(model)
+        flat = [x for r in rs.ranges() for x in r]
+        assert flat == sorted(flat) and all(b > a for a, b in rs.ranges())
+        assert all(rs.ranges()[k][1] < rs.ranges()[k + 1][0] for k in range(len(rs.ranges()) - 1))

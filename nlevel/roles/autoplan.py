@@ -27,7 +27,7 @@ from ..config import Config
 from ..errors import ConfigError
 from ..plan import Plan
 from ..protocol import Report
-from ..queueing import choose_plan, fit_poisson, predict, sampling_rule
+from ..queueing import choose_plan, fit_poisson, predict, preload, sampling_rule
 from ..stats import Summary
 
 __all__ = ["AutoPlanner", "parse_force"]
@@ -67,6 +67,7 @@ class AutoPlanner:
     """
 
     def __init__(self, size: int, config: Config, plan: Plan) -> None:
+        preload()  # scipy now, not at the first fit in the middle of the job
         self.size = size
         self.config = config
         self.plan = plan

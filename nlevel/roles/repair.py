@@ -85,7 +85,7 @@ def fail(st: Station, ranks: tuple[int, ...], how: str = "ulfm") -> list[Out]:
         outs.append(Out(st.info.parent, Holding(holding(st).ranges(), tuple(sorted(failed)))))
     asking = Holding((), tuple(sorted(failed)), True)
     outs += [Out(r, asking) for r in sorted(ask - {st.rank})]
-    if isinstance(st.dispatcher, Master) and st.config.ft:
+    if isinstance(st.dispatcher, Master) and st.ft:
         dep = deputy(nh)
         if (dep if dep is not None else -1) != st._mirror_to:
             outs += _mirror_full(st, dep)
@@ -146,7 +146,7 @@ def on_mirror(st: Station, msg: Mirror) -> list[Out]:
 
 def watch_master(st: Station) -> list[Out]:
     """The deputy: a master silent past its lease is hung (it heartbeats): have it killed."""
-    if st.mirror is None or not st.config.ft or isinstance(st.dispatcher, Master):
+    if st.mirror is None or not st.ft or isinstance(st.dispatcher, Master):
         return []
     now = st.clock()
     longest = st.worker.task_times.hi if st.worker is not None and st.worker.task_times.n else 0.0
@@ -203,7 +203,7 @@ def _relayout(st: Station, nh: Hierarchy) -> list[Out]:
     d: Master | Region | None = old_d
     if info.role is Role.MASTER and not isinstance(old_d, Master):
         assert st.ledger is not None
-        d = Master(info, {}, st.clock, st.ledger, c.task_retries if c.on_task_error == "retry" else 0, c.ft)
+        d = Master(info, {}, st.clock, st.ledger, c.task_retries if c.on_task_error == "retry" else 0, st.ft)
         d.queue = RangeSet()  # nothing is granted before the reconciliation says what is free
         _absorb(st, old_d, d)
     elif info.role is Role.REGION and old_d is None:
@@ -366,6 +366,11 @@ def lease_kills(st: Station) -> list[Out]:
         return []
     c = st.config
     now = st.clock()
+    # Every lease is at least lease_min: looking ten times per lease_min finds a silent
+    # child at most 10 % late, instead of scanning every child on every tick.
+    if now - st._leases_checked < c.lease_min / 10:
+        return []
+    st._leases_checked = now
     late = d.overdue(now, c.lease_min, c.lease_factor)
     recon = st.recon
     if recon is not None and recon.expected and now - recon.started > c.lease_min + c.lease_factor * d.task_max:

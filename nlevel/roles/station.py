@@ -18,6 +18,7 @@ until every old child has acknowledged.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from typing import Any, Callable
@@ -80,6 +81,7 @@ class Station:
         self._deferred: deque[tuple[int, Message]] = deque()
         self._master_heard = 0.0  # the deputy: when the master's last copy (or heartbeat) came
         self._mirror_sent = 0.0  # the master: when it last sent the deputy anything
+        self._leases_checked = -math.inf  # when the leases below were last looked at
         # After a failure: every id this rank reported finished upward, per receiver. A Holding
         # includes those sent to live ranks, so ids on their way up between two survivors are
         # not taken for lost (those sent to a rank that died are lost with it).
@@ -91,6 +93,8 @@ class Station:
         self.rank = rank
         self.size = hierarchy.size
         self.config = config
+        # Read once: Config.ft looks at the environment, and the hot paths ask on every message.
+        self.ft = config.ft
         self.clock = clock
         self.before_final = before_final
         self.ledger = ledger
@@ -121,7 +125,7 @@ class Station:
                 raise ValueError("rank 0 (the master) needs the ledger")
             c = self.config
             self.dispatcher = Master(info, weights, self.clock, self.ledger,
-                                     c.task_retries if c.on_task_error == "retry" else 0, c.ft)
+                                     c.task_retries if c.on_task_error == "retry" else 0, self.ft)
         elif info.children:
             self.dispatcher = Region(info, weights, self.clock, plan.prefetch, self.config.batch, self.config.batch_age)
         parent = self.rank if self.dispatcher is not None else info.parent
@@ -170,7 +174,7 @@ class Station:
             return repair.on_mirror(self, msg)  # (even from a master that died since: its commits stand)
         if src in self.failed:
             return []  # sent before it died; what it held is already back in a queue
-        if isinstance(msg, (Report, Holding)) and repair.defer(self, src, msg):
+        if self.ft and isinstance(msg, (Report, Holding)) and repair.defer(self, src, msg):
             return []
         if isinstance(msg, Holding):
             return repair.on_holding(self, src, msg)
@@ -180,7 +184,7 @@ class Station:
             self.drain_requested = True
             return []
         outs = self._deliver(src, msg)
-        if self.config.ft:
+        if self.ft:
             outs += repair.mirror_out(self)
         return outs
 
@@ -243,7 +247,7 @@ class Station:
         if self.dispatcher is not None:
             outs += self.route(self.dispatcher.tick())
         outs += repair.lease_kills(self)
-        if self.config.ft:
+        if self.ft:
             outs += repair.mirror_out(self) + repair.watch_master(self)
         return outs
 
@@ -367,7 +371,7 @@ class Station:
             sends += self.route([self._stamp(o) for o in outs])
             if tid == WAIT and (w.queue or w.final):
                 continue  # the grant came back in-process while routing
-            if self.config.ft:
+            if self.ft:
                 sends += repair.mirror_out(self) + repair.watch_master(self)
             return tid, sends
 
@@ -435,7 +439,7 @@ class Station:
                     self._final_sent = True
                     if self.before_final is not None:
                         self.before_final()
-                    if self.config.ft:
+                    if self.ft:
                         # Everything is committed: the deputy gets the last commits before anyone
                         # is released, so a master dying now leaves a complete ledger behind.
                         remote += repair.mirror_out(self, force=True)

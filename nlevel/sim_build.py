@@ -1,0 +1,149 @@
+"""A compiled build of the simulator's hot modules (mypyc), made on first use and cached.
+
+``python -m nlevel.sim`` spends almost all its time in the role state machines
+(:mod:`nlevel.roles`), the id ranges and the statistics: the same code the MPI runtime
+runs, called millions of times. Compiled with `mypyc <https://mypyc.readthedocs.io>`_
+(part of mypy; it turns type-annotated Python into a C extension) the same source
+runs about twice as fast, which is what a 32,768-process, 100-tasks-per-process run
+needs to stay under two minutes on one core.
+
+The build is not a second implementation: it is the package's own files, copied as
+they are into a cache directory and compiled there. The directory's name carries a
+digest of every source file, the Python version and mypy's version, so an edited
+source is never run from a stale build. The installed package itself stays
+interpreted (the MPI runtime, the tests, a developer's edits).
+
+* :func:`build` returns the directory (building it once, under a lock, if needed) or
+  raises :class:`BuildUnavailable` naming what is missing: mypy, or a C compiler.
+* :func:`compiled` says whether the running interpreter loaded the compiled roles.
+
+The cache lives in ``$NLEVEL_CACHE``, else ``$XDG_CACHE_HOME/nlevel``, else
+``~/.cache/nlevel``; deleting it is always safe.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+from .errors import NlevelError
+
+__all__ = ["COMPILED", "BuildUnavailable", "cache_root", "digest", "build", "compiled"]
+
+#: Modules compiled (paths under the package): where the simulator spends its time.
+COMPILED = (
+    "protocol.py",
+    "ranges.py",
+    "stats.py",
+    "hierarchy.py",
+    "roles/worker.py",
+    "roles/dispatch.py",
+    "roles/ledger.py",
+    "roles/station.py",
+    "roles/repair.py",
+    "roles/recovery.py",
+    "roles/autoplan.py",
+    "sim_engine.py",
+)
+
+_PACKAGE = Path(__file__).resolve().parent
+_BUILD_TIMEOUT = 1800  # seconds; about 60 s on one core of the development machine
+
+
+class BuildUnavailable(NlevelError):
+    """The compiled build cannot be made here (no mypy, no C compiler, or mypyc failed)."""
+
+
+def cache_root() -> Path:
+    """Return the directory that holds compiled builds (not created here)."""
+    if os.environ.get("NLEVEL_CACHE"):
+        return Path(os.environ["NLEVEL_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "nlevel"
+
+
+def _mypy_version() -> str | None:
+    if importlib.util.find_spec("mypyc") is None:
+        return None
+    from mypy.version import __version__
+
+    return str(__version__)
+
+
+def digest() -> str:
+    """Return a digest of every source file of the package, the Python version and mypy's version."""
+    h = hashlib.sha256()
+    h.update(sys.version.encode())
+    h.update((_mypy_version() or "none").encode())
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        h.update(str(path.relative_to(_PACKAGE)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _compiler() -> str | None:
+    """Return the C compiler's path, or None when there is none."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    return shutil.which(shlex.split(cc)[0])
+
+
+def build() -> Path:
+    """Return a directory whose ``nlevel`` package has the :data:`COMPILED` modules compiled.
+
+    Builds it on the first call for these sources (about a minute), under a file lock
+    so concurrent runs build once.
+
+    Raises:
+        BuildUnavailable: naming what is missing (mypy, a C compiler) or mypyc's last words.
+    """
+    if _mypy_version() is None:
+        raise BuildUnavailable("mypy (which provides mypyc) is not installed: pip install 'nlevel[sim]'")
+    if _compiler() is None:
+        cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+        raise BuildUnavailable(f"no C compiler: {cc!r} is not on PATH (install gcc, or set CC)")
+    root = cache_root()
+    target = root / f"sim-py{sys.version_info[0]}{sys.version_info[1]}-{digest()}"
+    if (target / "BUILT").exists():
+        return target
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = open(root / ".lock", "w")
+    except OSError as exc:
+        raise BuildUnavailable(f"cannot write the build cache {root}: {exc.strerror} (set NLEVEL_CACHE)") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "BUILT").exists():  # another run built it while we waited
+            return target
+        work = Path(tempfile.mkdtemp(prefix="building-", dir=root))
+        try:
+            shutil.copytree(_PACKAGE, work / "nlevel", ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"))
+            cmd = [sys.executable, "-m", "mypyc", *(f"nlevel/{m}" for m in COMPILED)]
+            try:
+                proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=_BUILD_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                raise BuildUnavailable(f"mypyc took longer than {_BUILD_TIMEOUT} s") from None
+            if proc.returncode != 0:
+                tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+                raise BuildUnavailable(f"mypyc failed (exit {proc.returncode}):\n{tail}")
+            shutil.rmtree(work / "build", ignore_errors=True)
+            (work / "BUILT").write_text(" ".join(cmd) + "\n")
+            os.replace(work, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def compiled() -> bool:
+    """Whether this interpreter runs the compiled roles (it was started on a :func:`build` directory)."""
+    from .roles import station
+
+    return not str(station.__file__).endswith(".py")

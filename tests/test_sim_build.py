@@ -1,0 +1,87 @@
+"""The compiled simulator (:mod:`nlevel.sim_build`): same results as the interpreted one, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nlevel import sim_build
+from nlevel.sim_cli import AUTO_COMPILE_TASKS
+
+HAVE_BUILD = sim_build._mypy_version() is not None and sim_build._compiler() is not None
+
+
+def sim(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nlevel.sim", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build cache for the module (the build takes about a minute)."""
+    return tmp_path_factory.mktemp("nlevel-cache")
+
+
+def env_with(cache: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, NLEVEL_CACHE=str(cache), NLEVEL_CALIBRATION=str(cache / "no-calibration.json"))
+    env.update(extra)
+    return env
+
+
+@pytest.mark.skipif(not HAVE_BUILD, reason="needs mypy and a C compiler")
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("plan", ["classic", "levels=3,regions=8", "levels=4,regions=4x2"])
+def test_compiled_engine_gives_the_interpreted_results(cache: Path, plan: str) -> None:
+    args = ["--procs", "200", "--task-time", "0.002:0.005", "--tasks-per-proc", "20", "--plan", plan, "--json"]
+    env = env_with(cache)
+    runs = {}
+    for engine in ("python", "compiled"):
+        proc = sim(*args, "--engine", engine, env=env)
+        assert proc.returncode == 0, proc.stderr
+        runs[engine] = json.loads(proc.stdout)
+    assert runs["python"]["engine"] == "python"
+    assert runs["compiled"]["engine"] == "compiled (mypyc)"
+    for r in runs.values():
+        del r["sim_seconds"], r["engine"]
+    assert runs["compiled"] == runs["python"]
+    built = [p for p in cache.iterdir() if p.name.startswith("sim-")]
+    assert len(built) == 1 and (built[0] / "BUILT").exists()
+    assert not [p for p in cache.iterdir() if p.name.startswith("building-")]
+
+
+def test_an_edited_source_gets_a_new_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    before = sim_build.digest()
+    monkeypatch.setattr(sim_build, "_PACKAGE", tmp_path / "nlevel")
+    (tmp_path / "nlevel").mkdir()
+    (tmp_path / "nlevel" / "ranges.py").write_text("x = 1\n")
+    assert sim_build.digest() != before
+
+
+def test_compiled_engine_without_a_compiler_is_a_clear_error(tmp_path: Path) -> None:
+    env = env_with(tmp_path, CC="/nonexistent/cc")
+    proc = sim("--procs", "4", "--task-time", "0.002", "--tasks-per-proc", "2", "--engine", "compiled", env=env)
+    assert proc.returncode == 2
+    assert "--engine compiled: no C compiler: '/nonexistent/cc' is not on PATH" in proc.stderr
+    assert not list(tmp_path.glob("sim-*"))
+
+
+def test_auto_engine_falls_back_with_a_note(tmp_path: Path) -> None:
+    env = env_with(tmp_path, CC="/nonexistent/cc")
+    tasks = str(AUTO_COMPILE_TASKS)
+    proc = sim("--procs", "2", "--task-time", "0.002", "--tasks", tasks, "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "note: simulating with the interpreted engine, about 2x slower (no C compiler" in proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["engine"] == "python" and out["committed"] == AUTO_COMPILE_TASKS
+
+
+def test_small_runs_do_not_build(tmp_path: Path) -> None:
+    proc = sim("--procs", "4", "--task-time", "0.002", "--tasks-per-proc", "2", "--json", env=env_with(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["engine"] == "python"
+    assert not list(tmp_path.glob("sim-*"))
