@@ -25,8 +25,8 @@ choice, as nlevel makes it). 100 tasks per process, as in the paper.
     .venv/bin/python bench/sim_points.py [--max-procs 8192] [--procs 32768] [--workloads paper,paper-long]
         [--json bench/results/sim_points.json]
 
-Cost: one core, about 10 s per 1,024 processes per point (about 5 min for one point at
-32,768).
+Cost: one core; points from 300,000 tasks on run on the compiled engine (see
+``nlevel.sim_build``): about 1.5 min for one point at 32,768 (5 min interpreted).
 """
 
 from __future__ import annotations
