@@ -136,7 +136,7 @@ class RequestTimes:
     left: transport both ways plus the time until the parent noticed the request.
     """
 
-    __slots__ = ("total", "message", "wait", "dispose")
+    __slots__ = PARTS
 
     def __init__(self) -> None:
         self.total = Summary(1)
