@@ -90,10 +90,14 @@ def digest() -> str:
     return h.hexdigest()[:16]
 
 
+def _compiler_command() -> str:
+    """Return the C compiler command that building extensions would use."""
+    return os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+
+
 def _compiler() -> str | None:
     """Return the C compiler's path, or None when there is none."""
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    return shutil.which(shlex.split(cc)[0])
+    return shutil.which(shlex.split(_compiler_command())[0])
 
 
 def build() -> Path:
@@ -108,8 +112,7 @@ def build() -> Path:
     if _mypy_version() is None:
         raise BuildUnavailable("mypy (which provides mypyc) is not installed: pip install 'nlevel[sim]'")
     if _compiler() is None:
-        cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-        raise BuildUnavailable(f"no C compiler: {cc!r} is not on PATH (install gcc, or set CC)")
+        raise BuildUnavailable(f"no C compiler: {_compiler_command()!r} is not on PATH (install gcc, or set CC)")
     root = cache_root()
     target = root / f"sim-py{sys.version_info[0]}{sys.version_info[1]}-{digest()}"
     if (target / "BUILT").exists():
