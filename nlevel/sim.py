@@ -50,7 +50,7 @@ request); ``chunk=`` in a plan wins, and ``--chunk 0`` is nlevel's automatic chu
 
 Engines: from 300,000 tasks on, ``--engine auto`` (the default) runs the simulation in a
 child interpreter whose roles are compiled with mypyc from these same source files
-(:mod:`nlevel.sim_build`, built once per source digest and cached), about twice as fast;
+(:mod:`nlevel.sim_build`, built once per source digest and cached), about three times as fast;
 ``--engine python`` stays interpreted. The results are identical.
 
 Output: ``overhead = 1 - sum(task durations) / (procs x makespan)`` (every rank

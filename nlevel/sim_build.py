@@ -4,8 +4,8 @@
 (:mod:`nlevel.roles`), the id ranges and the statistics: the same code the MPI runtime
 runs, called millions of times. Compiled with `mypyc <https://mypyc.readthedocs.io>`_
 (part of mypy; it turns type-annotated Python into a C extension) the same source
-runs about twice as fast, which is what a 32,768-process, 100-tasks-per-process run
-needs to stay under two minutes on one core.
+runs about three times as fast: a 32,768-process, 100-tasks-per-process classic run
+takes 74 s of one core instead of 245 s, under the two minutes it must stay within.
 
 The build is not a second implementation: it is the package's own files, copied as
 they are into a cache directory and compiled there. The directory's name carries a

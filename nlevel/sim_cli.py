@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the task durations (default 0)")
     p.add_argument(
         "--engine", choices=("auto", "compiled", "python"), default="auto",
-        help="compiled: the roles compiled with mypyc (built once and cached, about 2x faster; needs mypy and a "
+        help="compiled: the roles compiled with mypyc (built once and cached, about 3x faster; needs mypy and a "
         f"C compiler); python: interpreted; auto (default): compiled from {AUTO_COMPILE_TASKS:,} tasks on when it "
         "can be built, else interpreted with a note. Results are identical.",
     )
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if options.engine == "compiled":
                     print(f"nlevel.sim: error: --engine compiled: {exc}", file=sys.stderr)
                     return 2
-                print(f"nlevel.sim: note: simulating with the interpreted engine, about 2x slower ({exc})",
+                print(f"nlevel.sim: note: simulating with the interpreted engine, about 3x slower ({exc})",
                       file=sys.stderr)
             else:
                 return _in_compiled(str(where), list(sys.argv[1:] if argv is None else argv))
