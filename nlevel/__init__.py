@@ -7,12 +7,11 @@ while (task_id := get_task_id(total, "run.h5", comm)) >= 0:
 ```
 """
 
-__version__ = "0.1.0"
-
-from .api import Farm, get_task_id  # noqa: E402
-from .config import Config  # noqa: E402
-from .errors import AppError, CheckpointError, ConfigError, NlevelError, PlanError  # noqa: E402
-from .plan import Plan  # noqa: E402
+from ._version import __version__
+from .api import Farm, get_task_id
+from .config import Config
+from .errors import AppError, CheckpointError, ConfigError, NlevelError, PlanError
+from .plan import Plan
 
 __all__ = [
     "get_task_id",

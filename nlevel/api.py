@@ -27,7 +27,8 @@ import time
 import traceback
 from typing import Any, Iterator, Sequence
 
-from . import __version__, control, signals
+from . import control, signals
+from ._version import __version__
 from . import checkpoint as ckpt
 from .config import Config
 from .errors import ConfigError, NlevelError

@@ -8,7 +8,7 @@ import os
 import tempfile
 from typing import Any
 
-from . import __version__
+from ._version import __version__
 from .config import Config
 from .hierarchy import Hierarchy
 from .roles.ledger import Ledger

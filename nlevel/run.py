@@ -16,7 +16,8 @@ import sys
 import traceback
 from typing import Any, Sequence
 
-from . import __version__, signals
+from . import signals
+from ._version import __version__
 from .app import App, load_app
 from .config import SETTINGS, Config, parse_setting
 from .errors import AppError, ConfigError, NlevelError
