@@ -28,8 +28,8 @@ import tracemalloc
 from typing import Any
 
 from nlevel.config import Config
-from nlevel.hierarchy import build
-from nlevel.plan import Plan
+from nlevel.model.hierarchy import build
+from nlevel.model.plan import Plan
 from nlevel.protocol import Report
 from nlevel.roles.ledger import Ledger
 from nlevel.roles.station import Station

@@ -42,7 +42,7 @@ sys.path.insert(0, ROOT)
 
 from nlevel import micro  # noqa: E402
 from nlevel.config import Config  # noqa: E402
-from nlevel.plan import Plan  # noqa: E402
+from nlevel.model.plan import Plan  # noqa: E402
 from nlevel.sim import simulate  # noqa: E402
 
 TARGET = 0.25

@@ -11,7 +11,7 @@ from ._version import __version__
 from .api import Farm, get_task_id
 from .config import Config
 from .errors import AppError, CheckpointError, ConfigError, NlevelError, PlanError
-from .plan import Plan
+from .model.plan import Plan
 
 __all__ = [
     "get_task_id",

@@ -32,7 +32,7 @@ from ._version import __version__
 from . import checkpoint as ckpt
 from .config import Config
 from .errors import ConfigError, NlevelError
-from .hierarchy import Hierarchy, build
+from .model.hierarchy import Hierarchy, build
 from .node import Node
 from .protocol import Result
 from .report import build_report, merge_stats, timeline

@@ -8,7 +8,7 @@ Run under mpiexec with 2+ processes (``--calibrate`` launches it for you):
   them with the real :class:`~nlevel.roles.dispatch.Master` (receive, handle, send).
   S = busy time / requests, so μ = 1/S is what a master sustains.
 
-The result goes to :func:`nlevel.calibration.default_path` (or ``--out``), where
+The result goes to :func:`nlevel.model.calibration.default_path` (or ``--out``), where
 ``python -m nlevel.plan`` and ``python -m nlevel.sim`` find it.
 """
 
@@ -22,11 +22,11 @@ import time
 
 from mpi4py import MPI
 
-from .calibration import Calibration, machine_identity, save_calibration
+from .model.calibration import Calibration, machine_identity, save_calibration
 from .comm import Transport
 from .config import Config
-from .hierarchy import build
-from .plan import Plan
+from .model.hierarchy import build
+from .model.plan import Plan
 from .protocol import Grant, Report
 from .roles.ledger import Ledger
 from .roles.station import Station

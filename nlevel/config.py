@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
-from .plan import SERVE_ONLY_CHOICES, Plan, default_regions
+from .model.plan import SERVE_ONLY_CHOICES, Plan, default_regions, parse_force
 
 __all__ = ["Config", "SETTINGS", "parse_setting"]
 
@@ -151,8 +151,6 @@ def _fraction(name: str, v: Any) -> None:
 
 
 def _force(name: str, v: Any) -> None:
-    from .roles.autoplan import parse_force
-
     if not isinstance(v, str):
         raise ConfigError(f"{name} must be text like 0.5@3, got {v!r}")
     parse_force(v)

@@ -4,7 +4,7 @@ Nothing here hooks into the library and nothing imports MPI: a job is recognised
 marker in its environment (``NLEVEL_INJECT_JOB=<id>``, or any ``NAME=VALUE`` the caller
 set), each process's rank is read from ``/proc/PID/environ`` (``OMPI_COMM_WORLD_RANK``,
 else ``PMIX_RANK`` / ``PMI_RANK``; the launcher has none and is never a victim), and roles
-come from the same arithmetic the library uses (:func:`nlevel.hierarchy.build`), so the
+come from the same arithmetic the library uses (:func:`nlevel.model.hierarchy.build`), so the
 harness and the library agree on who is master, region-master and slave — also after
 failures, where each block is led by its lowest surviving rank.
 
@@ -38,8 +38,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from nlevel.hierarchy import Role, build
-from nlevel.plan import Plan
+from nlevel.model.hierarchy import Role, build
+from nlevel.model.plan import Plan
 
 __all__ = [
     "MARKER_VAR", "RANK_VARS", "ROLES", "SIGNALS", "Kill", "Schedule", "RunResult",

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from . import control, signals
 from .backoff import Backoff
 from .config import Config
-from .hierarchy import Hierarchy
+from .model.hierarchy import Hierarchy
 from .protocol import Kill, Report, Result
 from .roles.dispatch import Master, Region
 from .roles.ledger import Ledger

@@ -10,7 +10,7 @@ from typing import Any
 
 from ._version import __version__
 from .config import Config
-from .hierarchy import Hierarchy
+from .model.hierarchy import Hierarchy
 from .roles.ledger import Ledger
 from .stats import RequestTimes, Summary
 

@@ -2,7 +2,7 @@
 
 The simulated farm runs nlevel's own state machines: one
 :class:`~nlevel.roles.station.Station` per rank, laid out by
-:func:`nlevel.hierarchy.build`, exactly as :mod:`nlevel.node` runs them over MPI.
+:func:`nlevel.model.hierarchy.build`, exactly as :mod:`nlevel.node` runs them over MPI.
 Only time is simulated (:mod:`nlevel.sim_engine` decides when each Station call
 happens)::
 
@@ -38,12 +38,12 @@ Timing model
   failures.
 
 Service and message times default to the machine's calibration
-(:func:`nlevel.calibration.load_calibration`, written by
+(:func:`nlevel.model.calibration.load_calibration`, written by
 ``python -m nlevel.plan --calibrate``), else to :data:`DEFAULT_SERVICE_TIME` and
 :data:`DEFAULT_MSG_TIME`; ``--service-time`` / ``--msg-time`` override both.
 
 Plans: ``--plan classic`` (2 levels), ``--plan auto`` (the queueing model's choice,
-:func:`nlevel.queueing.choose_plan`) or ``--plan levels=3,regions=128`` with optional
+:func:`nlevel.model.queueing.choose_plan`) or ``--plan levels=3,regions=128`` with optional
 ``prefetch=``, ``chunk=`` and ``serve_only=`` (``regions=16x8`` for 4 levels). Slaves
 ask for ``--chunk`` ids per request, 1 by default as in the paper (one task per
 request); ``chunk=`` in a plan wins, and ``--chunk 0`` is nlevel's automatic chunking.
@@ -70,8 +70,8 @@ import numpy as np
 
 from .config import Config
 from .errors import ConfigError
-from .hierarchy import build
-from .plan import SERVE_ONLY_CHOICES, Plan, default_regions
+from .model.hierarchy import build
+from .model.plan import SERVE_ONLY_CHOICES, Plan, default_regions
 from .sim_build import compiled
 from .sim_engine import Engine, EngineResult
 
@@ -209,7 +209,7 @@ def default_times() -> tuple[float, float, str]:
     Raises:
         ConfigError: when a calibration file exists but cannot be read.
     """
-    from .calibration import default_path, load_calibration
+    from .model.calibration import default_path, load_calibration
 
     cal = load_calibration()
     if cal is None:
@@ -303,9 +303,9 @@ def parse_plan(
     msg_time: float = DEFAULT_MSG_TIME,
     threshold: float = 0.10,
 ) -> tuple[Plan, float | None]:
-    """Turn ``--plan`` into a :class:`~nlevel.plan.Plan` for ``procs``; return it and the predicted overhead.
+    """Turn ``--plan`` into a :class:`~nlevel.model.plan.Plan` for ``procs``; return it and the predicted overhead.
 
-    ``classic`` is 2 levels; ``auto`` asks :func:`nlevel.queueing.choose_plan` (which needs
+    ``classic`` is 2 levels; ``auto`` asks :func:`nlevel.model.queueing.choose_plan` (which needs
     the mean ``task_time``); otherwise comma-separated ``key=value`` pairs of
     ``levels, regions, prefetch, chunk, serve_only`` (``regions=16x8`` for several
     intermediate levels; default regions from the world size). ``chunk`` applies unless
@@ -321,7 +321,7 @@ def parse_plan(
     elif spec == "auto":
         if task_time is None:
             raise ConfigError("--plan auto needs the mean task time")
-        from .queueing import choose_plan
+        from .model.queueing import choose_plan
 
         decision = choose_plan(procs, task_time, service_time, msg_time, threshold, task_time_spread)
         plan = replace(decision.plan, chunk=chunk, reason=f"--plan auto: {decision.reason}")

@@ -44,7 +44,7 @@ COMPILED = (
     "protocol.py",
     "ranges.py",
     "stats.py",
-    "hierarchy.py",
+    "model/hierarchy.py",
     "roles/worker.py",
     "roles/dispatch.py",
     "roles/ledger.py",

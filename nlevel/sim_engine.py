@@ -33,7 +33,7 @@ from typing import Sequence
 
 from .config import Config
 from .errors import ConfigError, SimStalled
-from .hierarchy import Hierarchy
+from .model.hierarchy import Hierarchy
 from .protocol import Grant, Message
 from .roles.dispatch import Region
 from .roles.ledger import Ledger

@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from nlevel.errors import PlanError
-from nlevel.hierarchy import Role, build
-from nlevel.plan import Plan, default_regions
+from nlevel.model.hierarchy import Role, build
+from nlevel.model.plan import Plan, default_regions
 
 
 def check_tree(h):

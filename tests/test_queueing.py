@@ -1,4 +1,4 @@
-"""The paper's model (nlevel.queueing) and python -m nlevel.plan."""
+"""The paper's model (nlevel.model.queueing) and python -m nlevel.plan."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nlevel.calibration import Calibration, load_calibration, machine_identity, save_calibration
+from nlevel.model.calibration import Calibration, load_calibration, machine_identity, save_calibration
 from nlevel.errors import ConfigError
-from nlevel.plan import Plan
-from nlevel.queueing import choose_plan, fit_poisson, mm1_wait, predict, sampling_rule
+from nlevel.model.plan import Plan
+from nlevel.model.queueing import choose_plan, fit_poisson, mm1_wait, predict, sampling_rule
 
 service = st.floats(1e-6, 1e-3)
 msg = st.floats(0.0, 1e-3)

@@ -20,8 +20,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nlevel.config import Config
-from nlevel.hierarchy import Role, build
-from nlevel.plan import Plan
+from nlevel.model.hierarchy import Role, build
+from nlevel.model.plan import Plan
 from nlevel.protocol import Failed, Grant, Holding, Mirror, Report
 from nlevel.ranges import RangeSet
 from nlevel.roles.dispatch import Master

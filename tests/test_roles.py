@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from nlevel.config import Config
 from nlevel.errors import ConfigError
-from nlevel.hierarchy import build
-from nlevel.plan import Plan
+from nlevel.model.hierarchy import build
+from nlevel.model.plan import Plan
 from nlevel.protocol import Grant, Report
 from nlevel.roles.dispatch import Master, Region, grant_size
 from nlevel.roles.ledger import Ledger

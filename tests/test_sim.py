@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from nlevel.calibration import Calibration, save_calibration
+from nlevel.model.calibration import Calibration, save_calibration
 from nlevel.config import Config
 from nlevel.errors import ConfigError, PlanError
-from nlevel.hierarchy import build
-from nlevel.plan import Plan
+from nlevel.model.hierarchy import build
+from nlevel.model.plan import Plan
 from nlevel.sim import default_times, main, make_durations, parse_plan, parse_task_time, simulate
 from nlevel.sim_engine import Engine, LeanSummary
 from nlevel.stats import Summary

@@ -4,11 +4,11 @@ The paper's procedure (§2.1), run inside the job:
 
 1. start as classic 2-level;
 2. once the first tasks' run times are known, fix a sampling interval and a number of
-   samples M from them (:func:`nlevel.queueing.sampling_rule`) and count the task
+   samples M from them (:func:`nlevel.model.queueing.sampling_rule`) and count the task
    requests reaching the master in each interval;
 3. fit λ̂ and σ̂² (maximum likelihood) and test the Poisson hypothesis;
 4. with μ (measured: 1 / the master's time per request), T_msg and T_exe (reported by the
-   slaves), predict the current plan and choose one (:func:`nlevel.queueing.choose_plan`).
+   slaves), predict the current plan and choose one (:func:`nlevel.model.queueing.choose_plan`).
    If the measured ρ̂ = λ̂/μ is higher than the model's, the model's service time is
    scaled up to match, so a master that is really saturated is never kept.
 
@@ -24,37 +24,14 @@ import math
 from typing import Any
 
 from ..config import Config
-from ..errors import ConfigError
-from ..plan import Plan
+from ..model.plan import Plan, parse_force
+from ..model.queueing import choose_plan, fit_poisson, predict, preload, sampling_rule
 from ..protocol import Report
-from ..queueing import choose_plan, fit_poisson, predict, preload, sampling_rule
 from ..stats import Summary
 
-__all__ = ["AutoPlanner", "parse_force"]
+__all__ = ["AutoPlanner"]
 
 DEFAULT_SERVICE = 5e-5  # s, until the master has served a request (README, Performance)
-
-
-def parse_force(text: str) -> tuple[float, Plan] | None:
-    """Parse ``force_replan`` (``"F@L"`` or ``"F@LxR1[xR2]"``): at committed fraction F switch to that plan.
-
-    Raises:
-        ConfigError: naming the text and the expected form.
-    """
-    if not text:
-        return None
-    try:
-        frac_s, plan_s = text.split("@")
-        frac = float(frac_s)
-        parts = [int(x) for x in plan_s.lower().split("x")]
-        levels, regions = parts[0], tuple(parts[1:])
-        if not 0 <= frac < 1:
-            raise ValueError
-        return frac, Plan(levels, regions or (2,) * (levels - 2), reason=f"forced by force_replan={text}")
-    except (ValueError, TypeError):
-        raise ConfigError(
-            f"force_replan must look like 0.5@3 or 0.5@3x2 (committed fraction @ levels x regions), got {text!r}"
-        ) from None
 
 
 class AutoPlanner:

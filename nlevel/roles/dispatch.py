@@ -23,7 +23,7 @@ import math
 from collections import deque
 from typing import Callable
 
-from ..hierarchy import Node
+from ..model.hierarchy import Node
 from ..protocol import Grant, Report, Result
 from ..ranges import RangeSet, Ranges
 from ..stats import RequestTimes
@@ -382,7 +382,7 @@ class Region(Dispatcher):
 
     Args:
         node, child_weights, clock: As for :class:`Dispatcher`.
-        prefetch: Requests' worth of ids to keep queued per child (see :class:`~nlevel.plan.Plan`).
+        prefetch: Requests' worth of ids to keep queued per child (see :class:`~nlevel.model.plan.Plan`).
         batch: Forward completions once this many are buffered ...
         batch_age: ... or once the oldest is this many seconds old.
     """

@@ -1,7 +1,7 @@
 """What a rank does when others die: the pure rules of region-local recovery.
 
 When MPI reports dead ranks, every surviving rank lays out the same hierarchy
-without them (:func:`nlevel.hierarchy.build` with ``failed``: each block is led by
+without them (:func:`nlevel.model.hierarchy.build` with ``failed``: each block is led by
 its lowest survivor). Then, per rank:
 
 * A server whose child died takes the child's ids back. A dead *slave* held exactly
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..hierarchy import Hierarchy, Role
+from ..model.hierarchy import Hierarchy, Role
 from ..ranges import RangeSet
 
 __all__ = ["expected", "reconciler", "deputy", "Reconciliation"]

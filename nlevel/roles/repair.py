@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..hierarchy import Hierarchy, Role, build
+from ..model.hierarchy import Hierarchy, Role, build
 from ..protocol import Failed, Holding, Kill, Message, Mirror, Report
 from ..ranges import RangeSet
 from .dispatch import Dispatcher, Master, Region

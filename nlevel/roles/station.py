@@ -24,8 +24,8 @@ from collections import deque
 from typing import Any, Callable
 
 from ..config import Config
-from ..hierarchy import Hierarchy, Role, build
-from ..plan import Plan
+from ..model.hierarchy import Hierarchy, Role, build
+from ..model.plan import Plan
 from ..ranges import RangeSet
 from ..protocol import Ack, Drain, Failed, Grant, Holding, Kill, Message, Mirror, Regroup, Report, Result
 from .autoplan import AutoPlanner

@@ -16,8 +16,8 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ._version import __version__
-from .errors import ConfigError
+from .._version import __version__
+from ..errors import ConfigError
 
 __all__ = ["Calibration", "default_path", "load_calibration", "save_calibration", "machine_identity"]
 

@@ -1,4 +1,4 @@
-"""Lay a :class:`~nlevel.plan.Plan` out over ranks: role, parent and children of each rank.
+"""Lay a :class:`~nlevel.model.plan.Plan` out over ranks: role, parent and children of each rank.
 
 Pure arithmetic, no MPI. Ranks are split into contiguous blocks (ranks of one node
 are usually contiguous, so a region tends to stay on a node): the world is split

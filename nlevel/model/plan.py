@@ -13,9 +13,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import PlanError
+from ..errors import ConfigError, PlanError
 
-__all__ = ["Plan", "SERVE_ONLY_CHOICES", "default_regions"]
+__all__ = ["Plan", "SERVE_ONLY_CHOICES", "default_regions", "parse_force"]
 
 #: Which servers do not run tasks: nobody, the master only, or every master/region-master.
 SERVE_ONLY_CHOICES = ("none", "master", "all")
@@ -144,3 +144,25 @@ def default_regions(size: int, levels: int) -> tuple[int, ...]:
         regions.append(r)
         block //= r
     return tuple(regions)
+
+
+def parse_force(text: str) -> tuple[float, Plan] | None:
+    """Parse ``force_replan`` (``"F@L"`` or ``"F@LxR1[xR2]"``): at committed fraction F switch to that plan.
+
+    Raises:
+        ConfigError: naming the text and the expected form.
+    """
+    if not text:
+        return None
+    try:
+        frac_s, plan_s = text.split("@")
+        frac = float(frac_s)
+        parts = [int(x) for x in plan_s.lower().split("x")]
+        levels, regions = parts[0], tuple(parts[1:])
+        if not 0 <= frac < 1:
+            raise ValueError
+        return frac, Plan(levels, regions or (2,) * (levels - 2), reason=f"forced by force_replan={text}")
+    except (ValueError, TypeError):
+        raise ConfigError(
+            f"force_replan must look like 0.5@3 or 0.5@3x2 (committed fraction @ levels x regions), got {text!r}"
+        ) from None

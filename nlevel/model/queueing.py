@@ -23,7 +23,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .plan import Plan
 
 __all__ = [

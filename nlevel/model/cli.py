@@ -19,8 +19,8 @@ import sys
 import warnings
 from typing import Callable, Sequence
 
+from ..errors import NlevelError
 from .calibration import default_path, load_calibration
-from .errors import NlevelError
 from .queueing import Decision, choose_plan
 
 __all__ = ["main", "DEFAULT_SERVICE_TIME", "DEFAULT_MSG_TIME"]
