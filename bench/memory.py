@@ -30,7 +30,7 @@ from typing import Any
 from nlevel.config import Config
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
-from nlevel.protocol import Report
+from nlevel.roles.messages import Report
 from nlevel.roles.ledger import Ledger
 from nlevel.roles.station import Station
 

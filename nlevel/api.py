@@ -27,15 +27,15 @@ import time
 import traceback
 from typing import Any, Iterator, Sequence
 
-from . import control, signals
 from ._version import __version__
 from . import checkpoint as ckpt
 from .config import Config
+from . import control, signals
 from .errors import ConfigError, NlevelError
 from .model.hierarchy import Hierarchy, build
 from .node import Node
-from .protocol import Result
 from .report import build_report, merge_stats, timeline
+from .roles.messages import Result
 from .roles.station import TIMELINE_BIN
 
 __all__ = ["Farm", "get_task_id"]

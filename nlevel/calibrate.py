@@ -22,13 +22,13 @@ import time
 
 from mpi4py import MPI
 
-from .model.calibration import Calibration, machine_identity, save_calibration
 from .comm import Transport
 from .config import Config
+from .model.calibration import Calibration, machine_identity, save_calibration
 from .model.hierarchy import build
 from .model.plan import Plan
-from .protocol import Grant, Report
 from .roles.ledger import Ledger
+from .roles.messages import Grant, Report
 from .roles.station import Station
 
 __all__ = ["main"]

@@ -14,13 +14,13 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import control, signals
 from .backoff import Backoff
 from .config import Config
+from . import control, signals
 from .model.hierarchy import Hierarchy
-from .protocol import Kill, Report, Result
 from .roles.dispatch import Master, Region
 from .roles.ledger import Ledger
+from .roles.messages import Kill, Report, Result
 from .roles.station import Station
 from .roles.worker import WAIT, Out
 

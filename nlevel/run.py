@@ -16,11 +16,11 @@ import sys
 import traceback
 from typing import Any, Sequence
 
-from . import signals
 from ._version import __version__
 from .app import App, load_app
 from .config import SETTINGS, Config, parse_setting
 from .errors import AppError, ConfigError, NlevelError
+from . import signals
 
 __all__ = ["main", "build_parser"]
 

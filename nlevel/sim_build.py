@@ -41,7 +41,7 @@ __all__ = ["COMPILED", "BuildUnavailable", "cache_root", "digest", "build", "com
 
 #: Modules compiled (paths under the package): where the simulator spends its time.
 COMPILED = (
-    "protocol.py",
+    "roles/messages.py",
     "ranges.py",
     "stats.py",
     "model/hierarchy.py",

@@ -18,8 +18,8 @@ import numpy as np
 
 from .config import Config
 from .errors import ConfigError, NlevelError
-from .sim_build import BuildUnavailable, build, compiled
 from .sim import SimReport, default_times, make_durations, parse_plan, parse_task_time, read_task_times, simulate
+from .sim_build import BuildUnavailable, build, compiled
 
 __all__ = ["build_parser", "run", "main", "AUTO_COMPILE_TASKS"]
 

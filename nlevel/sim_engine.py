@@ -34,9 +34,9 @@ from typing import Sequence
 from .config import Config
 from .errors import ConfigError, SimStalled
 from .model.hierarchy import Hierarchy
-from .protocol import Grant, Message
 from .roles.dispatch import Region
 from .roles.ledger import Ledger
+from .roles.messages import Grant, Message
 from .roles.station import Station
 from .roles.worker import END, WAIT, Out
 from .stats import PARTS, RequestTimes, Summary

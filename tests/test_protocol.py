@@ -2,7 +2,7 @@ import pickle
 
 import pytest
 
-from nlevel.protocol import TAG_OF, Grant, Report, Tag, decode, encode
+from nlevel.roles.messages import TAG_OF, Grant, Report, Tag, decode, encode
 
 
 @pytest.mark.parametrize("msg", [

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from nlevel.config import Config
 from nlevel.model.hierarchy import Role, build
 from nlevel.model.plan import Plan
-from nlevel.protocol import Failed, Grant, Holding, Mirror, Report
+from nlevel.roles.messages import Failed, Grant, Holding, Mirror, Report
 from nlevel.ranges import RangeSet
 from nlevel.roles.dispatch import Master
 from nlevel.roles.ledger import Ledger

@@ -19,7 +19,7 @@ from nlevel.config import Config
 from nlevel.errors import ConfigError
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
-from nlevel.protocol import Grant, Report
+from nlevel.roles.messages import Grant, Report
 from nlevel.roles.dispatch import Master, Region, grant_size
 from nlevel.roles.ledger import Ledger
 from nlevel.roles.station import Station

@@ -26,8 +26,8 @@ from typing import Any
 from ..config import Config
 from ..model.plan import Plan, parse_force
 from ..model.queueing import choose_plan, fit_poisson, predict, preload, sampling_rule
-from ..protocol import Report
 from ..stats import Summary
+from .messages import Report
 
 __all__ = ["AutoPlanner"]
 

@@ -24,10 +24,10 @@ from collections import deque
 from typing import Callable
 
 from ..model.hierarchy import Node
-from ..protocol import Grant, Report, Result
 from ..ranges import RangeSet, Ranges
 from ..stats import RequestTimes
 from .ledger import Ledger
+from .messages import Grant, Report, Result
 from .worker import Out
 
 __all__ = ["Child", "Dispatcher", "Master", "Region", "grant_size"]

@@ -9,7 +9,7 @@ its lowest survivor). Then, per rank:
 * A dead *server* (region-master, or the master) had passed ids on to its subtree.
   Its nearest surviving ancestor (:func:`reconciler`; the new master if the master
   died) reconciles: every survivor whose parent died sends it a
-  :class:`~nlevel.protocol.Holding` (what it and its subtree hold), and once all the
+  :class:`~nlevel.roles.messages.Holding` (what it and its subtree hold), and once all the
   :func:`expected` ones have, the ids the dead server held that nobody holds are
   requeued (:class:`Reconciliation`). The Holding also goes to the survivor's new
   parent, which records it as the child's held ids, so a later death is handled

@@ -11,18 +11,60 @@ they follow are held back until it has. Pure Python, no MPI.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-from ..model.hierarchy import Hierarchy, Role, build
-from ..protocol import Failed, Holding, Kill, Message, Mirror, Report
+from ..config import Config
+from ..model.hierarchy import Hierarchy, Node, Role, build
 from ..ranges import RangeSet
+from .autoplan import AutoPlanner
 from .dispatch import Dispatcher, Master, Region
 from .ledger import Ledger
+from .messages import Failed, Holding, Kill, Message, Mirror, Report
 from .recovery import Reconciliation, close_record, deputy, expected, failure_record, reconciler
-from .worker import Out
+from .worker import Out, Worker
 
-if TYPE_CHECKING:
-    from .station import Station
+
+class StationState(Protocol):
+    """What these functions read and change of a :class:`~nlevel.roles.station.Station`.
+
+    A structural type, so that this module need not import :mod:`nlevel.roles.station`
+    (which imports this one); ``Station`` satisfies it, and mypy checks that it does.
+    """
+
+    rank: int
+    size: int
+    config: Config
+    ft: bool
+    clock: Callable[[], float]
+    wall: Callable[[], float]
+    recover: Callable[[], Ledger] | None
+    hierarchy: Hierarchy
+    info: Node
+    epoch: int
+    dispatcher: Master | Region | None
+    worker: Worker | None
+    ledger: Ledger | None
+    planner: AutoPlanner | None
+    failed: frozenset[int]
+    failures: list[dict[str, Any]]
+    recon: Reconciliation | None
+    mirror: Ledger | None
+    mirror_failures: list[dict[str, Any]]
+    sent_done: dict[int, RangeSet] | None
+    job_over: bool
+    draining: dict[int, set[int]]
+    served_before: int
+    _mirrored_failures: int
+    _mirror_to: int | None
+    _deferred: deque[tuple[int, Message]]
+    _master_heard: float
+    _mirror_sent: float
+    _leases_checked: float
+
+    def deliver(self, src: int, msg: Message) -> list[Out]: ...
+
+    def route(self, outs: list[Out]) -> list[Out]: ...
+
 
 #: The master copies its commits to the deputy at least this often (s) ...
 MIRROR_AGE = 0.005
@@ -34,7 +76,7 @@ __all__ = ["fail", "on_holding", "on_mirror", "watch_master", "lease_kills", "mi
 
 
 # -- events ---------------------------------------------------------------------------
-def fail(st: Station, ranks: tuple[int, ...], how: str = "ulfm") -> list[Out]:
+def fail(st: StationState, ranks: tuple[int, ...], how: str = "ulfm") -> list[Out]:
     """``ranks`` are dead: repair this rank's roles; return what to send."""
     new = frozenset(ranks) - st.failed - {st.rank}
     if not new:
@@ -99,7 +141,7 @@ def fail(st: Station, ranks: tuple[int, ...], how: str = "ulfm") -> list[Out]:
         outs += st.route(st.dispatcher.tick())
     return outs
 
-def defer(st: Station, src: int, msg: Message) -> bool:
+def defer(st: StationState, src: int, msg: Message) -> bool:
     """Whether ``msg`` must wait for this rank to learn of a failure (and keep order per sender)."""
     if st._deferred and any(s == src for s, _ in st._deferred):
         st._deferred.append((src, msg))
@@ -114,7 +156,7 @@ def defer(st: Station, src: int, msg: Message) -> bool:
         st._deferred.append((src, msg))
     return waiting
 
-def on_holding(st: Station, src: int, msg: Holding) -> list[Out]:
+def on_holding(st: StationState, src: int, msg: Holding) -> list[Out]:
     """A survivor whose parent died says what it holds (this rank reconciles, or is its new parent)."""
     if msg.ask:
         return [Out(src, Holding(holding(st).ranges(), tuple(sorted(st.failed))))]
@@ -131,7 +173,7 @@ def on_holding(st: Station, src: int, msg: Holding) -> list[Out]:
         st.recon.receive(src, held)
     return _finish_recon(st)
 
-def on_mirror(st: Station, msg: Mirror) -> list[Out]:
+def on_mirror(st: StationState, msg: Mirror) -> list[Out]:
     """The deputy: copy the master's commits (a full copy replaces what it had)."""
     if isinstance(st.dispatcher, Master):  # a late copy from the master this rank replaced
         st.dispatcher.ledger.commit(msg.done, msg.results)
@@ -144,7 +186,7 @@ def on_mirror(st: Station, msg: Mirror) -> list[Out]:
     st._master_heard = st.clock()
     return []
 
-def watch_master(st: Station) -> list[Out]:
+def watch_master(st: StationState) -> list[Out]:
     """The deputy: a master silent past its lease is hung (it heartbeats): have it killed."""
     if st.mirror is None or not st.ft or isinstance(st.dispatcher, Master):
         return []
@@ -156,7 +198,7 @@ def watch_master(st: Station) -> list[Out]:
     return []
 
 # -- the pieces -----------------------------------------------------------------------------
-def _take_over(st: Station, old: Hierarchy, nh: Hierarchy, wall: float, how: str) -> set[int]:
+def _take_over(st: StationState, old: Hierarchy, nh: Hierarchy, wall: float, how: str) -> set[int]:
     """This rank is the new master: the ledger from the mirror (or the checkpoint); reconcile everything."""
     ledger = st.mirror
     source = "deputy's copy"
@@ -189,7 +231,7 @@ def _take_over(st: Station, old: Hierarchy, nh: Hierarchy, wall: float, how: str
     return recon.add_dead(RangeSet(), expected(old.master, old, st.failed) - {st.rank}, record)
 
 
-def _relayout(st: Station, nh: Hierarchy) -> list[Out]:
+def _relayout(st: StationState, nh: Hierarchy) -> list[Out]:
     """Give this rank the roles ``nh`` says, keeping every id it holds; return what to send."""
     outs: list[Out] = []
     old_d = st.dispatcher
@@ -249,7 +291,7 @@ def _relayout(st: Station, nh: Hierarchy) -> list[Out]:
         w.asked = False  # an unanswered want to a dead parent: ask again
     return outs
 
-def _absorb(st: Station, old: Dispatcher | None, new: Master) -> None:
+def _absorb(st: StationState, old: Dispatcher | None, new: Master) -> None:
     """A region-master becoming master: its queue, children and buffered completions come along."""
     if not isinstance(old, Region):
         return
@@ -268,7 +310,7 @@ def _absorb(st: Station, old: Dispatcher | None, new: Master) -> None:
         new._task_failed(tid, info)
     st.served_before += old.served
 
-def holding(st: Station) -> RangeSet:
+def holding(st: StationState) -> RangeSet:
     """Every id this rank and its subtree hold, for a Holding."""
     held = RangeSet()
     w, d = st.worker, st.dispatcher
@@ -289,7 +331,7 @@ def holding(st: Station) -> RangeSet:
         held.add_ranges(sent.ranges())
     return held
 
-def _finish_recon(st: Station) -> list[Out]:
+def _finish_recon(st: StationState) -> list[Out]:
     """Every expected Holding is in: requeue what nobody holds."""
     recon, d = st.recon, st.dispatcher
     if recon is None or not recon.complete or d is None:
@@ -314,7 +356,7 @@ def _finish_recon(st: Station) -> list[Out]:
     d.reconciling = False
     return st.route(d.tick())
 
-def _mirror_full(st: Station, dep: int | None) -> list[Out]:
+def _mirror_full(st: StationState, dep: int | None) -> list[Out]:
     """The master: (re)start the deputy's copy with the whole ledger."""
     st._mirror_to = dep if dep is not None else -1
     d = st.dispatcher
@@ -328,7 +370,7 @@ def _mirror_full(st: Station, dep: int | None) -> list[Out]:
     return [Out(dep, Mirror(led.committed.ranges(), results, led.total, led.width, True, tuple(st.failures)))]
 
 
-def mirror_out(st: Station, force: bool = False) -> list[Out]:
+def mirror_out(st: StationState, force: bool = False) -> list[Out]:
     """The master: send the deputy what was committed since the last copy (batched: every
     ``MIRROR_AGE`` seconds or ``MIRROR_BATCH`` ids), or a heartbeat when there is nothing."""
     d = st.dispatcher
@@ -357,7 +399,7 @@ def mirror_out(st: Station, force: bool = False) -> list[Out]:
     return [Out(st._mirror_to, msg)]
 
 
-def lease_kills(st: Station) -> list[Out]:
+def lease_kills(st: StationState) -> list[Out]:
     """Children silent past their lease, and survivors that do not answer a reconciler within
     one: ask for them to be killed (MPI then reports them dead; without ULFM the job stops,
     and the checkpoint resumes it: never a hang)."""

@@ -6,11 +6,11 @@ back as :class:`~nlevel.roles.worker.Out` for the caller to send. The MPI runtim
 so they run the same logic. Pure Python.
 
 Changing plans (epochs). Under ``--levels auto`` the master switches the running job
-to another plan: it sends :class:`~nlevel.protocol.Regroup` to every rank and keeps
+to another plan: it sends :class:`~nlevel.roles.messages.Regroup` to every rank and keeps
 every id granted before as *carried* until it is committed or given back. A rank that
 regroups keeps its worker's queue and task in hand, hands its region's queue and
 buffered completions straight to the master, builds its roles for the new hierarchy,
-and tells its old parent (:class:`~nlevel.protocol.Ack`) that nothing more will come
+and tells its old parent (:class:`~nlevel.roles.messages.Ack`) that nothing more will come
 under the old plan. Reports that still arrive under an older epoch are forwarded to the
 master as orphans; stale grants are given back. A rank keeps listening (``draining``)
 until every old child has acknowledged.
@@ -27,12 +27,12 @@ from ..config import Config
 from ..model.hierarchy import Hierarchy, Role, build
 from ..model.plan import Plan
 from ..ranges import RangeSet
-from ..protocol import Ack, Drain, Failed, Grant, Holding, Kill, Message, Mirror, Regroup, Report, Result
 from .autoplan import AutoPlanner
 from .dispatch import Master, Region
 from .ledger import Ledger
-from . import repair
+from .messages import Ack, Drain, Failed, Grant, Holding, Kill, Message, Mirror, Regroup, Report, Result
 from .recovery import Reconciliation
+from . import repair
 from .worker import WAIT, Out, Worker
 
 __all__ = ["Station", "TIMELINE_BIN"]

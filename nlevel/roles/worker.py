@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from ..protocol import Grant, Message, Report, Result
 from ..ranges import RangeSet
 from ..stats import RequestTimes, Summary
+from .messages import Grant, Message, Report, Result
 
 __all__ = ["WAIT", "END", "Out", "Worker", "auto_chunk"]
 

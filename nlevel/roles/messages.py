@@ -56,7 +56,7 @@ from dataclasses import dataclass, fields
 from enum import IntEnum
 from typing import Any, Union
 
-from .ranges import Ranges
+from ..ranges import Ranges
 
 __all__ = [
     "Tag", "TAG_OF", "Report", "Grant", "Regroup", "Ack", "Holding", "Mirror", "Kill", "Failed", "Drain", "Message",
