@@ -2,7 +2,7 @@
 
     python bench/checkpoint_io.py [--dir DIR] [--repeat 20]
 
-Prints the median time and file size of ``nlevel.checkpoint.write`` for: a few ranges
+Prints the median time and file size of ``nlevel.runtime.checkpoint.write`` for: a few ranges
 and no results (a typical run with in-order completions), 10^5 scattered ranges, and
 10^6 results. Run it on the file system your checkpoints go to: fsync costs differ.
 """
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from nlevel import checkpoint as ck
+from nlevel.runtime import checkpoint as ck
 
 
 def case(n_ranges: int, n_results: int, total: int) -> ck.Snapshot:

@@ -7,7 +7,7 @@ workload (2-5 ms sleeping tasks)::
 
 (with ``--levels 2``: the simulator runs one fixed plan, not the runtime's re-planning)
 then simulates the same job: the same plan and settings (from the report), the same
-task durations (task ``i`` of :mod:`nlevel.micro`, plus the sleep overshoot measured
+task durations (task ``i`` of :mod:`nlevel.runtime.micro`, plus the sleep overshoot measured
 in that run: mean measured task time minus mean nominal duration), and the service
 and message times measured in that very run (the slaves' ``dispose`` and ``message``
 means). The fixed cost of a farm (set-up collectives, final gather), which the
@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from nlevel import micro  # noqa: E402
+from nlevel.runtime import micro  # noqa: E402
 from nlevel.config import Config  # noqa: E402
 from nlevel.model.plan import Plan  # noqa: E402
 from nlevel.sim import simulate  # noqa: E402

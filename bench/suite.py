@@ -169,10 +169,10 @@ def checkpoint_bytes_per_task(total: int, workdir: str) -> float:
     """Bytes per task of a checkpoint holding ``total`` completed tasks with one result each.
 
     The runs above are small, so their files are mostly HDF5's fixed size; this is the
-    cost per task at scale (bench/checkpoint_io.py's record, written by nlevel.checkpoint).
+    cost per task at scale (bench/checkpoint_io.py's record, written by nlevel.runtime.checkpoint).
     """
     import checkpoint_io
-    from nlevel import checkpoint as ck
+    from nlevel.runtime import checkpoint as ck
 
     path = os.path.join(workdir, "per-task.h5")
     meta = ck.RunMeta(total, *ck.fingerprint("bench", {"case": "per-task"}), "{}", "bench")

@@ -15,7 +15,7 @@ with Farm(total, "run.h5") as farm:
         farm.complete(score(task_id))
 ```
 
-This module does no MPI itself: the transport does (see :mod:`nlevel.comm`).
+This module does no MPI itself: the transport does (see :mod:`nlevel.runtime.transport`).
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ import traceback
 from typing import Any, Iterator, Sequence
 
 from ._version import __version__
-from . import checkpoint as ckpt
 from .config import Config
-from . import control, signals
 from .errors import ConfigError, NlevelError
 from .model.hierarchy import Hierarchy, build
-from .node import Node
-from .report import build_report, merge_stats, timeline
 from .roles.messages import Result
 from .roles.station import TIMELINE_BIN
+from .runtime import checkpoint as ckpt
+from .runtime import control, signals
+from .runtime.node import Node
+from .runtime.report import build_report, merge_stats, timeline
 
 __all__ = ["Farm", "get_task_id"]
 
@@ -92,7 +92,7 @@ class Farm:
         config: Config | None = None,
         result_fields: Sequence[str] | None = None,
     ) -> None:
-        from . import comm as transport_mod  # MPI lives there
+        from .runtime import transport as transport_mod  # MPI lives there
 
         if result_fields is not None and (
             isinstance(result_fields, str) or not result_fields or not all(isinstance(f, str) for f in result_fields)
@@ -195,7 +195,7 @@ class Farm:
                 control_dir=control.control_dir(self._checkpoint_path) if self._checkpoint_path else None,
             )
             if self.rank == 0 and self.config.progress:
-                from .progress import Progress
+                from .runtime.progress import Progress
 
                 ledger = self._ledger
                 assert ledger is not None
@@ -454,7 +454,7 @@ def _abort_job(rank: int, what: str, exc_type: Any, exc: Any, tb: Any, ft: bool 
     No rank may hang on it: under fault tolerance this process dies by SIGKILL, which the
     others detect (an ordinary exit would leave them waiting, see MPI_NOTES).
     """
-    from . import comm as transport_mod
+    from .runtime import transport as transport_mod
 
     then = "killing this process; the others carry on without it" if ft else (
         "aborting the job (the checkpoint keeps what was committed)")
@@ -465,7 +465,7 @@ def _abort_job(rank: int, what: str, exc_type: Any, exc: Any, tb: Any, ft: bool 
 
 def _die(ft: bool) -> None:
     """End this process so that no other rank hangs: SIGKILL itself (fault tolerant), else abort the job."""
-    from . import comm as transport_mod
+    from .runtime import transport as transport_mod
 
     sys.stdout.flush()
     sys.stderr.flush()
@@ -497,7 +497,7 @@ def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = Non
     Raises:
         ConfigError, PlanError, CheckpointError: bad input, the same on every rank.
     """
-    from . import comm as transport_mod
+    from .runtime import transport as transport_mod
 
     c = comm if comm is not None else transport_mod.world()
     key = transport_mod.comm_key(c)

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Sequence
 
-from .control import SUFFIX, control_dir, submit, wait_answer
+from .runtime.control import SUFFIX, control_dir, submit, wait_answer
 
 __all__ = ["main"]
 

@@ -192,7 +192,7 @@ def kill(pid: int, sig: str) -> bool:
 
 def committed(checkpoint: str | os.PathLike[str]) -> int | None:
     """Return how many ids the checkpoint records as done, or None while it is unreadable."""
-    from nlevel import checkpoint as ckpt  # h5py: only when a checkpoint trigger is used
+    from nlevel.runtime import checkpoint as ckpt  # h5py: only when a checkpoint trigger is used
     from nlevel.errors import CheckpointError
     try:
         return int(ckpt.read(checkpoint)[2]["n_completed"])
@@ -526,7 +526,7 @@ def executions(log_dirs: Sequence[str | os.PathLike[str]]) -> dict[int, list[int
 
 def committed_ids(checkpoint: str | os.PathLike[str]) -> set[int]:
     """Return the ids the checkpoint records as done (raises CheckpointError when unreadable)."""
-    from nlevel import checkpoint as ckpt
+    from nlevel.runtime import checkpoint as ckpt
     snap = ckpt.read(checkpoint)[1]
     return {i for a, b in snap.completed.tolist() for i in range(a, b)}
 

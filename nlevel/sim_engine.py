@@ -1,6 +1,6 @@
 """The event engine of :mod:`nlevel.sim`: one :class:`~nlevel.roles.station.Station` per rank, timed.
 
-The runtime (:mod:`nlevel.node`) and the role tests drive the same Stations; this
+The runtime (:mod:`nlevel.runtime.node`) and the role tests drive the same Stations; this
 module only decides *when* each Station call happens (see :mod:`nlevel.sim` for the
 timing model). Pure Python, no MPI.
 

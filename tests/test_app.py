@@ -3,10 +3,10 @@ import os
 
 import pytest
 
-from nlevel.app import load_app
+from nlevel.runtime.app import load_app
 from nlevel.errors import AppError
 from nlevel.errors import ConfigError
-from nlevel.run import check_report_path, find_app
+from nlevel.runtime.cli import check_report_path, find_app
 
 HERE = os.path.dirname(__file__)
 

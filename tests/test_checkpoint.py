@@ -1,4 +1,4 @@
-"""Tests of nlevel.checkpoint: round trips, every refusal, crash safety and the Writer thread."""
+"""Tests of nlevel.runtime.checkpoint: round trips, every refusal, crash safety and the Writer thread."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nlevel import checkpoint as ck
+from nlevel.runtime import checkpoint as ck
 from nlevel.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]

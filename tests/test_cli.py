@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-import nlevel.checkpoint as ckpt
+import nlevel.runtime.checkpoint as ckpt
 
 from .conftest import BIN, ROOT
 

@@ -180,7 +180,7 @@ def test_cli_injects_into_a_running_job_and_writes_the_log(fake_job, tmp_path):
 def test_audit_checks_the_promise_from_checkpoint_logs_and_report(tmp_path):
     import numpy as np
 
-    from nlevel import checkpoint as ckpt
+    from nlevel.runtime import checkpoint as ckpt
 
     meta = ckpt.RunMeta(10, "f", "{}", "{}", "test")
     ckpt.write(tmp_path / "run.h5", meta, ckpt.Snapshot(np.array([[0, 8]]), [], []))

@@ -1,6 +1,6 @@
 import sys
 
-from nlevel import launch
+from nlevel.runtime import launch
 
 
 def test_root_and_oversubscription_are_handled(monkeypatch):

@@ -25,7 +25,7 @@ from collections import Counter
 
 import pytest
 
-import nlevel.checkpoint as ckpt
+import nlevel.runtime.checkpoint as ckpt
 
 from .conftest import BIN, ROOT
 

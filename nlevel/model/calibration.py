@@ -1,6 +1,6 @@
 """Measured service and message times of this machine and MPI, stored where plans find them. Pure Python.
 
-``python -m nlevel.plan --calibrate`` measures them (see :mod:`nlevel.calibrate`) and
+``python -m nlevel.plan --calibrate`` measures them (see :mod:`nlevel.runtime.calibrate`) and
 saves a JSON file; later plans and simulations read it. A file measured on another
 machine, MPI library or nlevel version is still used, with a warning that says which.
 """

@@ -104,7 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input)."""
     args = build_parser().parse_args(argv)
     if args.calibrate:
-        cmd = [sys.executable, "-m", "nlevel.launch", "-n", str(args.n), sys.executable, "-m", "nlevel.calibrate"]
+        # The measurement runs under MPI in a child process: this module itself stays MPI-free.
+        cmd = [sys.executable, "-m", "nlevel.runtime.launch", "-n", str(args.n),
+               sys.executable, "-m", "nlevel.runtime.calibrate"]
         if args.calibration:
             cmd += ["--out", args.calibration]
         return subprocess.call(cmd)

@@ -1,7 +1,7 @@
 """Server roles: the master and the region-masters, as state machines.
 
 Each takes a message and returns the messages to send (:class:`~nlevel.roles.worker.Out`);
-one loop in :mod:`nlevel.node` does the I/O. No MPI here.
+one loop in :mod:`nlevel.runtime.node` does the I/O. No MPI here.
 
 A server keeps a queue of ids and, per child, the ids it granted and not yet saw
 finished (``held``: exactly what must be taken back if the child dies), the child's

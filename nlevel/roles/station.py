@@ -2,7 +2,7 @@
 
 A message to this rank itself is delivered by a function call; everything else comes
 back as :class:`~nlevel.roles.worker.Out` for the caller to send. The MPI runtime
-(:mod:`nlevel.node`), the tests and the simulator all drive ranks through this class,
+(:mod:`nlevel.runtime.node`), the tests and the simulator all drive ranks through this class,
 so they run the same logic. Pure Python.
 
 Changing plans (epochs). Under ``--levels auto`` the master switches the running job

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-import nlevel.checkpoint as ckpt
+import nlevel.runtime.checkpoint as ckpt
 from nlevel import CheckpointError, Config, ConfigError, Farm, PlanError, get_task_id
 
 comm = MPI.COMM_WORLD

@@ -22,14 +22,14 @@ import time
 
 from mpi4py import MPI
 
-from .comm import Transport
-from .config import Config
-from .model.calibration import Calibration, machine_identity, save_calibration
-from .model.hierarchy import build
-from .model.plan import Plan
-from .roles.ledger import Ledger
-from .roles.messages import Grant, Report
-from .roles.station import Station
+from ..config import Config
+from ..model.calibration import Calibration, machine_identity, save_calibration
+from ..model.hierarchy import build
+from ..model.plan import Plan
+from ..roles.ledger import Ledger
+from ..roles.messages import Grant, Report
+from ..roles.station import Station
+from .transport import Transport
 
 __all__ = ["main"]
 
@@ -54,13 +54,13 @@ def _serve(t: Transport, n: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """Measure and store; returns 0 (rank 0 prints the figures)."""
-    p = argparse.ArgumentParser(prog="python -m nlevel.calibrate")
+    p = argparse.ArgumentParser(prog="python -m nlevel.runtime.calibrate")
     p.add_argument("--out", default=None, help="where to store the calibration")
     p.add_argument("--requests", type=int, default=4000)
     args = p.parse_args(argv)
     world = MPI.COMM_WORLD
     if world.Get_size() < 2:
-        print("nlevel.calibrate: error: needs at least 2 processes, got 1", file=sys.stderr)
+        print("nlevel.runtime.calibrate: error: needs at least 2 processes, got 1", file=sys.stderr)
         return 2
     t = Transport(world)
     n = args.requests

@@ -16,8 +16,8 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..roles.messages import Failed, Message, Tag, decode, encode
 from .backoff import Backoff
-from .roles.messages import Failed, Message, Tag, decode, encode
 
 # Error classes of a dead peer under ULFM (MPI_ERR_PROC_FAILED, _PENDING, MPI_ERR_REVOKED).
 _FAILURE_CLASSES = {getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED") if hasattr(MPI, n)}

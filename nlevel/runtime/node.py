@@ -14,15 +14,15 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..config import Config
+from ..model.hierarchy import Hierarchy
+from ..roles.dispatch import Master, Region
+from ..roles.ledger import Ledger
+from ..roles.messages import Kill, Report, Result
+from ..roles.station import Station
+from ..roles.worker import WAIT, Out
 from .backoff import Backoff
-from .config import Config
 from . import control, signals
-from .model.hierarchy import Hierarchy
-from .roles.dispatch import Master, Region
-from .roles.ledger import Ledger
-from .roles.messages import Kill, Report, Result
-from .roles.station import Station
-from .roles.worker import WAIT, Out
 
 __all__ = ["Node"]
 
@@ -33,7 +33,7 @@ class Node:
     """The farm on one rank.
 
     Args:
-        transport: A :class:`~nlevel.comm.Transport` (or a double with ``rank``, ``send``,
+        transport: A :class:`~nlevel.runtime.transport.Transport` (or a double with ``rank``, ``send``,
             ``poll`` and ``flush``).
         hierarchy: The laid-out plan.
         config: Settings.
@@ -334,7 +334,7 @@ class Node:
         """Return this rank's (row, mergeable statistics) for the run report.
 
         The row is a few numbers per rank (gathered); the statistics are summaries
-        merged up a tree with :func:`nlevel.report.merge_stats`.
+        merged up a tree with :func:`nlevel.runtime.report.merge_stats`.
         """
         st = self.station
         info = st.info

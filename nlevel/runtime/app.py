@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from .errors import AppError
+from ..errors import AppError
 
 __all__ = ["App", "load_app"]
 
-BUILTIN = "nlevel.micro"
+BUILTIN = "nlevel.micro"  # a shim of nlevel.runtime.micro: the name is in the checkpoints and reports of runs made before the move
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """``mpiexec -n N python -m nlevel.run [APP] [options]``: run an app's tasks over a farm.
 
-With no APP it runs the built-in micro benchmark (:mod:`nlevel.micro`). Rank 0 shows
+With no APP it runs the built-in micro benchmark (:mod:`nlevel.runtime.micro`). Rank 0 shows
 progress, prints a summary and writes the JSON report. The exit status is 0 only when
 every task is committed; 2 for bad input (the message says which value and what was
 expected); 75 when SIGUSR1 stopped it early with tasks left (resume with the same
@@ -16,10 +16,10 @@ import sys
 import traceback
 from typing import Any, Sequence
 
-from ._version import __version__
+from .._version import __version__
+from ..config import SETTINGS, Config, parse_setting
+from ..errors import AppError, ConfigError, NlevelError
 from .app import App, load_app
-from .config import SETTINGS, Config, parse_setting
-from .errors import AppError, ConfigError, NlevelError
 from . import signals
 
 __all__ = ["main", "build_parser"]
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the farm; return the exit status (0 only when every task is committed)."""
     from mpi4py import MPI
 
-    from .api import Farm
+    from ..api import Farm
     from .report import format_summary, write_json
 
     world = MPI.COMM_WORLD
@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _task_error(task_id: int, rank: int) -> str:
     """The error of a task that raised, with where it ran, for the report (the last 20 traceback lines)."""
-    from .comm import host
+    from .transport import host
 
     exc = sys.exc_info()[1]
     text = "".join(traceback.format_exc().splitlines(keepends=True)[-20:])
@@ -258,9 +258,9 @@ def _entry() -> None:
     except BaseException:
         from mpi4py import MPI
 
-        from .comm import host
+        from .transport import host
 
-        from .config import Config
+        from ..config import Config
 
         try:
             ft = Config.from_env().ft
@@ -271,7 +271,7 @@ def _entry() -> None:
         traceback.print_exc()
         sys.stderr.flush()
         if ft:
-            from .comm import kill_self
+            from .transport import kill_self
 
             kill_self()
         MPI.COMM_WORLD.Abort(1)

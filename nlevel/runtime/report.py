@@ -8,11 +8,11 @@ import os
 import tempfile
 from typing import Any
 
-from ._version import __version__
-from .config import Config
-from .model.hierarchy import Hierarchy
-from .roles.ledger import Ledger
-from .stats import RequestTimes, Summary
+from .._version import __version__
+from ..config import Config
+from ..model.hierarchy import Hierarchy
+from ..roles.ledger import Ledger
+from ..stats import RequestTimes, Summary
 
 __all__ = ["build_report", "merge_stats", "write_json", "format_summary"]
 
