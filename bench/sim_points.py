@@ -26,7 +26,7 @@ choice, as nlevel makes it). 100 tasks per process, as in the paper.
         [--json bench/results/sim_points.json]
 
 Cost: one core; points from 300,000 tasks on run on the compiled engine (see
-``nlevel.sim_build``): about 1.5 min for one point at 32,768 (5 min interpreted).
+``nlevel.sim.build``): about 1.5 min for one point at 32,768 (5 min interpreted).
 """
 
 from __future__ import annotations

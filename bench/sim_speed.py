@@ -8,7 +8,7 @@ CPU time. The overhead and makespan are the simulation's results (they must not 
 on how fast it runs).
 
 ``--engine`` is passed on (default auto: the roles compiled with mypyc, see
-:mod:`nlevel.sim_build`; build it first, e.g. with a small ``--engine compiled`` run, or
+:mod:`nlevel.sim.build`; build it first, e.g. with a small ``--engine compiled`` run, or
 the first plan's time includes the one-minute build). The compiled run's CPU time
 counts the ``python -m nlevel.sim`` process that starts it too.
 

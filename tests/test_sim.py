@@ -12,7 +12,7 @@ from nlevel.errors import ConfigError, PlanError
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
 from nlevel.sim import default_times, main, make_durations, parse_plan, parse_task_time, simulate
-from nlevel.sim_engine import Engine, LeanSummary
+from nlevel.sim.engine import Engine, LeanSummary
 from nlevel.stats import Summary
 
 MS = 1e-3

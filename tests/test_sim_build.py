@@ -1,4 +1,4 @@
-"""The compiled simulator (:mod:`nlevel.sim_build`): same results as the interpreted one, clear errors."""
+"""The compiled simulator (:mod:`nlevel.sim.build`): same results as the interpreted one, clear errors."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nlevel import sim_build
-from nlevel.sim_cli import AUTO_COMPILE_TASKS
+from nlevel.sim import build as sim_build
+from nlevel.sim.cli import AUTO_COMPILE_TASKS
 
 HAVE_BUILD = sim_build._mypy_version() is not None and sim_build._compiler() is not None
 

@@ -6,7 +6,7 @@ says which class it is. Pure Python, no MPI.
 
 A message is never changed once built: treat it as immutable. The classes are not
 ``frozen`` dataclasses only because a frozen one takes two to three times as long to
-build (interpreted, and compiled for the simulator, see :mod:`nlevel.sim_build`), and
+build (interpreted, and compiled for the simulator, see :mod:`nlevel.sim.build`), and
 the simulator builds millions; they hash by value like frozen ones.
 
 Conversation (child C, parent P):
@@ -172,7 +172,7 @@ Message = Union[Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed, Drai
 
 _CLASSES = (Report, Grant, Regroup, Ack, Holding, Mirror, Kill, Failed, Drain)
 #: The tag of each message class (a mapping, not a class attribute: the classes stay plain
-#: dataclasses, which mypyc compiles for the simulator, see nlevel.sim_build).
+#: dataclasses, which mypyc compiles for the simulator, see nlevel.sim.build).
 TAG_OF: dict[type, Tag] = {
     Report: Tag.REPORT,
     Grant: Tag.GRANT,

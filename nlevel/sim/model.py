@@ -3,7 +3,7 @@
 The simulated farm runs nlevel's own state machines: one
 :class:`~nlevel.roles.station.Station` per rank, laid out by
 :func:`nlevel.model.hierarchy.build`, exactly as :mod:`nlevel.runtime.node` runs them over MPI.
-Only time is simulated (:mod:`nlevel.sim_engine` decides when each Station call
+Only time is simulated (:mod:`nlevel.sim.engine` decides when each Station call
 happens)::
 
     python -m nlevel.sim --procs 32768 --task-time 2:5 --tasks-per-proc 100 --plan auto --json
@@ -50,7 +50,7 @@ request); ``chunk=`` in a plan wins, and ``--chunk 0`` is nlevel's automatic chu
 
 Engines: from 300,000 tasks on, ``--engine auto`` (the default) runs the simulation in a
 child interpreter whose roles are compiled with mypyc from these same source files
-(:mod:`nlevel.sim_build`, built once per source digest and cached), about three times as fast;
+(:mod:`nlevel.sim.build`, built once per source digest and cached), about three times as fast;
 ``--engine python`` stays interpreted. The results are identical.
 
 Output: ``overhead = 1 - sum(task durations) / (procs x makespan)`` (every rank
@@ -61,19 +61,18 @@ the per-level request times and server loads.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
 
-from .config import Config
-from .errors import ConfigError
-from .model.hierarchy import build
-from .model.plan import SERVE_ONLY_CHOICES, Plan, default_regions
-from .sim_build import compiled
-from .sim_engine import Engine, EngineResult
+from ..config import Config
+from ..errors import ConfigError
+from ..model.hierarchy import build
+from ..model.plan import SERVE_ONLY_CHOICES, Plan, default_regions
+from .build import compiled
+from .engine import Engine, EngineResult
 
 __all__ = [
     "DEFAULT_SERVICE_TIME",
@@ -85,7 +84,6 @@ __all__ = [
     "read_task_times",
     "make_durations",
     "simulate",
-    "main",
 ]
 
 #: Seconds a server spends per message when no calibration exists: the ``dispose`` mean
@@ -121,7 +119,7 @@ class SimReport:
         recomputed: Ids committed more than once (0).
         tasks_run: Task executions (equals ``tasks``: none ran twice).
         task_time: How durations were drawn.
-        engine: ``"compiled (mypyc)"`` or ``"python"`` (see :mod:`nlevel.sim_build`).
+        engine: ``"compiled (mypyc)"`` or ``"python"`` (see :mod:`nlevel.sim.build`).
     """
 
     procs: int
@@ -209,7 +207,7 @@ def default_times() -> tuple[float, float, str]:
     Raises:
         ConfigError: when a calibration file exists but cannot be read.
     """
-    from .model.calibration import default_path, load_calibration
+    from ..model.calibration import default_path, load_calibration
 
     cal = load_calibration()
     if cal is None:
@@ -321,7 +319,7 @@ def parse_plan(
     elif spec == "auto":
         if task_time is None:
             raise ConfigError("--plan auto needs the mean task time")
-        from .model.queueing import choose_plan
+        from ..model.queueing import choose_plan
 
         decision = choose_plan(procs, task_time, service_time, msg_time, threshold, task_time_spread)
         plan = replace(decision.plan, chunk=chunk, reason=f"--plan auto: {decision.reason}")
@@ -486,15 +484,3 @@ def _servers(result: EngineResult, levels: int, service_time: float, makespan: f
             "busiest": result.max_handled_by_level.get(level, 0) * service_time / span,
         }
     return out
-
-
-# -- the command line (nlevel.sim_cli) -------------------------------------------------------
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``python -m nlevel.sim``; return the exit status (2 for bad input). See :mod:`nlevel.sim_cli`."""
-    from .sim_cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

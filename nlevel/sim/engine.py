@@ -1,7 +1,7 @@
 """The event engine of :mod:`nlevel.sim`: one :class:`~nlevel.roles.station.Station` per rank, timed.
 
 The runtime (:mod:`nlevel.runtime.node`) and the role tests drive the same Stations; this
-module only decides *when* each Station call happens (see :mod:`nlevel.sim` for the
+module only decides *when* each Station call happens (see :mod:`nlevel.sim.model` for the
 timing model). Pure Python, no MPI.
 
 The engine's own work is a small part of a simulated task (most of the time goes to
@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Sequence
 
-from .config import Config
-from .errors import ConfigError, SimStalled
-from .model.hierarchy import Hierarchy
-from .roles.dispatch import Region
-from .roles.ledger import Ledger
-from .roles.messages import Grant, Message
-from .roles.station import Station
-from .roles.worker import END, WAIT, Out
-from .stats import PARTS, RequestTimes, Summary
+from ..config import Config
+from ..errors import ConfigError, SimStalled
+from ..model.hierarchy import Hierarchy
+from ..roles.dispatch import Region
+from ..roles.ledger import Ledger
+from ..roles.messages import Grant, Message
+from ..roles.station import Station
+from ..roles.worker import END, WAIT, Out
+from ..stats import PARTS, RequestTimes, Summary
 
 __all__ = ["SimClock", "EngineResult", "Engine", "SimStalled", "LeanSummary"]
 

@@ -1,7 +1,7 @@
 """The command line of ``python -m nlevel.sim``: parse the options, run :func:`nlevel.sim.simulate`, print.
 
-Kept apart from :mod:`nlevel.sim` (the timing model and the run) so each stays a
-readable size; ``python -m nlevel.sim`` and :func:`nlevel.sim.main` call :func:`main` here.
+Kept apart from :mod:`nlevel.sim.model` (the timing model and the run) so each stays a
+readable size; ``python -m nlevel.sim`` and :func:`nlevel.sim.main` are :func:`main` here.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .config import Config
-from .errors import ConfigError, NlevelError
-from .sim import SimReport, default_times, make_durations, parse_plan, parse_task_time, read_task_times, simulate
-from .sim_build import BuildUnavailable, build, compiled
+from ..config import Config
+from ..errors import ConfigError, NlevelError
+from .build import BuildUnavailable, build, compiled
+from .model import SimReport, default_times, make_durations, parse_plan, parse_task_time, read_task_times, simulate
 
 __all__ = ["build_parser", "run", "main", "AUTO_COMPILE_TASKS"]
 
@@ -143,7 +143,7 @@ def run(options: argparse.Namespace) -> SimReport:
 
 def _in_compiled(where: str, argv: Sequence[str]) -> int:
     """Run this command again in a child whose ``nlevel`` is the compiled build in ``where``."""
-    code = f"import sys; sys.path.insert(0, {where!r}); from nlevel.sim_cli import main; sys.exit(main())"
+    code = f"import sys; sys.path.insert(0, {where!r}); from nlevel.sim.cli import main; sys.exit(main())"
     # One BLAS thread: the simulation uses none, and idle OpenBLAS threads spin on a busy machine.
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     env[_CHILD] = "1"

@@ -35,7 +35,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from .errors import NlevelError
+from ..errors import NlevelError
 
 __all__ = ["COMPILED", "BuildUnavailable", "cache_root", "digest", "build", "compiled"]
 
@@ -52,10 +52,10 @@ COMPILED = (
     "roles/repair.py",
     "roles/recovery.py",
     "roles/autoplan.py",
-    "sim_engine.py",
+    "sim/engine.py",
 )
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parent.parent  # the nlevel package (this file is nlevel/sim/build.py)
 _BUILD_TIMEOUT = 1800  # seconds; about 60 s on one core of the development machine
 
 
@@ -147,6 +147,6 @@ def build() -> Path:
 
 def compiled() -> bool:
     """Whether this interpreter runs the compiled roles (it was started on a :func:`build` directory)."""
-    from .roles import station
+    from ..roles import station
 
     return not str(station.__file__).endswith(".py")
