@@ -2,7 +2,7 @@
 
 ``python bench/failure_run.py`` runs 9 processes (3 levels, 2 regions) under
 ``mpiexec --with-ft ulfm``, SIGKILLs the region-master of the second region once 30 % of
-the tasks are committed (found from outside by :mod:`nlevel.inject`), and saves the run
+the tasks are committed (found from outside by :mod:`nlevel.testing.inject`), and saves the run
 report, with the kill's wall time added under ``"kills"``, to
 ``bench/results/failure_run.json``. The notebook reads the report's ``timeline``
 (requests served per server per 0.1 s) and ``failures``.
@@ -19,7 +19,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from nlevel import inject  # noqa: E402
+from nlevel.testing import inject  # noqa: E402
 
 
 def main() -> int:

@@ -33,8 +33,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nlevel import inject  # noqa: E402
-from nlevel.inject import Schedule, plan_of  # noqa: E402
+from nlevel.testing import inject  # noqa: E402
+from nlevel.testing.inject import Schedule, plan_of  # noqa: E402
 
 APP = "tests.apps.logging_app"
 

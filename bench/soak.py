@@ -6,7 +6,7 @@ Each trial launches ``tests/apps/logging_app.py`` under ``nlevel-mpiexec [--with
 with a random plan (2 or 3 levels, 8-12 processes), waits until the checkpoint shows a
 random share of the ids committed, then kills 1-3 ranks of a random role (slave,
 region-master, master, or a region-master/master followed by its newly elected successor)
-with SIGKILL or SIGSTOP, using :mod:`nlevel.inject`. A trial still running after
+with SIGKILL or SIGSTOP, using :mod:`nlevel.testing.inject`. A trial still running after
 ``--timeout`` seconds is a hang: the harness kills the whole job. Then it checks, from the
 checkpoint, the exec logs and the report: lost ids, double commits, re-executions against
 the bound (ids the dead ranks held, ``failures[].held``), and matches each kill to the
@@ -32,8 +32,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nlevel import inject  # noqa: E402
-from nlevel.inject import Schedule, percentile, plan_of  # noqa: E402
+from nlevel.testing import inject  # noqa: E402
+from nlevel.testing.inject import Schedule, percentile, plan_of  # noqa: E402
 
 APP = "tests.apps.logging_app"
 TARGET_MS = {"slave": 50, "region-master": 100, "master": 250}

@@ -1,4 +1,4 @@
-"""Issue 4's proof: real signals from outside (nlevel.inject), the promise checked from outside.
+"""Issue 4's proof: real signals from outside (nlevel.testing.inject), the promise checked from outside.
 
 Without ULFM a dead rank must stop the job within seconds with the checkpoint intact, and
 the same command resumes it. With ``--with-ft ulfm`` the job must finish on the survivors:
@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from nlevel import inject
-from nlevel.inject import Schedule, plan_of
+from nlevel.testing import inject
+from nlevel.testing.inject import Schedule, plan_of
 
 APP = "tests.apps.logging_app"
 KILL_TO_END_S = 30.0  # without ULFM, a failure must end the job within this long

@@ -11,11 +11,11 @@ failures, where each block is led by its lowest surviving rank.
 Usable as a library (tests, ``bench/soak.py``) and by hand::
 
     # inject into a job you started with NLEVEL_INJECT_JOB=j1 in its environment
-    python -m nlevel.inject --job-marker j1 --size 8 --levels 3 --regions 2 \\
+    python -m nlevel.testing.inject --job-marker j1 --size 8 --levels 3 --regions 2 \\
         --role region-master --count 1 --signal KILL --after 1.5 --log kills.json
 
     # launch the job with the marker, inject, wait (killing it on a hang), summarise
-    python -m nlevel.inject run --size 8 --levels 3 --regions 2 --role slave \\
+    python -m nlevel.testing.inject run --size 8 --levels 3 --regions 2 --role slave \\
         --after-committed 500 --ft ulfm --timeout 60 --log kills.json -- \\
         tests/apps/logging_app.py --n 2000 --sleep-ms 5 --checkpoint run.h5 --report r.json
 
@@ -665,7 +665,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m nlevel.inject [run] ...``; returns the exit status.
+    """``python -m nlevel.testing.inject [run] ...``; returns the exit status.
 
     Without ``run``: inject into a running job found by ``--job-marker``; exit 0 when at
     least one victim was killed. With ``run``: launch, inject, wait; exit with the job's
@@ -674,7 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
     if argv[:1] == ["run"]:
-        p = argparse.ArgumentParser(prog="python -m nlevel.inject run",
+        p = argparse.ArgumentParser(prog="python -m nlevel.testing.inject run",
                                     description="Launch an nlevel job with a marker and kill some of its ranks.")
         _schedule_args(p)
         p.add_argument("--ft", default=None, help="mpiexec --with-ft value, e.g. ulfm")
@@ -702,7 +702,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{res.wall:.1f} s, {len(res.kills)} kill(s)")
         return 124 if res.hung else int(res.returncode or 0)
 
-    p = argparse.ArgumentParser(prog="python -m nlevel.inject",
+    p = argparse.ArgumentParser(prog="python -m nlevel.testing.inject",
                                 description="Kill ranks of a running nlevel job, chosen by role.")
     p.add_argument("--job-marker", required=True,
                    help=f"NAME=VALUE in the job's environment, or a value of {MARKER_VAR}")
