@@ -1,4 +1,4 @@
-"""Farm behaviour on a real MPI world. Run by tests/test_mpi_suite.py under mpiexec -n 1, 4 and 7.
+"""Farm behaviour on a real MPI world. Run by tests/e2e/test_mpi_suite.py under mpiexec -n 1, 4 and 7.
 
 Every check ends in an allreduce so a failure on one rank fails every rank instead of
 leaving the others waiting in a collective.

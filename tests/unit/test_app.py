@@ -3,12 +3,12 @@ import os
 
 import pytest
 
-from nlevel.runtime.app import load_app
 from nlevel.errors import AppError
 from nlevel.errors import ConfigError
+from nlevel.runtime.app import load_app
 from nlevel.runtime.cli import check_report_path, find_app
 
-HERE = os.path.dirname(__file__)
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, which holds apps/
 
 
 def test_builtin_and_module_and_file():

@@ -27,7 +27,7 @@ import pytest
 
 import nlevel.runtime.checkpoint as ckpt
 
-from .conftest import BIN, ROOT
+from ..conftest import BIN, ROOT
 
 CI_SLURM = os.path.join(ROOT, ".ci", "slurm")
 SCRIPTS = os.path.join(ROOT, "slurm")
@@ -146,6 +146,7 @@ def all_runs(log_dir) -> list[int]:
     return [i for ids in executions(log_dir).values() for i in ids]
 
 
+@pytest.mark.slow  # a job on the local Slurm
 @pytest.mark.timeout(240, func_only=True)
 def test_plain_run_commits_every_task_once_then_resubmission_resumes(tmp_path, job_env):
     logs = job_env["NLEVEL_TEST_LOG_DIR"]
@@ -165,6 +166,7 @@ def test_plain_run_commits_every_task_once_then_resubmission_resumes(tmp_path, j
     assert json.loads((tmp_path / "r.json").read_text())["resumed_from_checkpoint"] == 2000
 
 
+@pytest.mark.slow  # a job on the local Slurm
 @pytest.mark.timeout(180, func_only=True)
 def test_system_mpi_script_launches_with_srun_pmix(tmp_path, job_env):
     """srun --mpi=pmix direct launch, as with a site's MPI (here the wheel's Open MPI; no module)."""
@@ -181,6 +183,7 @@ def test_system_mpi_script_launches_with_srun_pmix(tmp_path, job_env):
     assert report["size"] == 4 and report["complete"]  # one world of 4 ranks, not 4 singletons
 
 
+@pytest.mark.slow  # a job on the local Slurm
 @pytest.mark.timeout(900, func_only=True)
 def test_time_limit_stops_requeues_and_the_next_run_resumes_without_rerunning(tmp_path, job_env):
     """A 3-minute limit with USR1 60 s before it, which Slurm sends 90 to 120 s into each run
@@ -244,6 +247,7 @@ def pids_with_env(*markers: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow  # a job on the local Slurm
 @pytest.mark.timeout(300, func_only=True)
 def test_fault_tolerant_run_survives_a_killed_rank(tmp_path, job_env):
     logs = job_env["NLEVEL_TEST_LOG_DIR"]
@@ -295,6 +299,7 @@ def test_fault_tolerant_run_survives_a_killed_rank(tmp_path, job_env):
     ("system-mpi.sbatch", [APP], {"MPI_MODULE": "openmpi"}, "MPI_MODULE 'openmpi' given but there is no 'module' command"),
     ("system-mpi.sbatch", [APP], {"MPI_MODULE": "", "LAUNCH": "aprun"}, "LAUNCH must be srun or mpirun, got 'aprun'"),
 ])
+@pytest.mark.slow  # a job on the local Slurm
 def test_bad_input_fails_the_job_with_one_clear_line(tmp_path, job_env, script, args, knobs, message):
     job = sbatch(script, args, tmp_path, {**job_env, **knobs})
     info = wait_job(job, job_env, 60)

@@ -97,6 +97,7 @@ MATRIX = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("size, levels, regions, schedule", MATRIX)
 def test_with_ulfm_the_job_survives(tmp_path, mpi_env, size, levels, regions, schedule):

@@ -2,7 +2,7 @@
 
 The victim chooses its own death here (tests/apps/dying_app.py: sys.exit, an exception,
 a segfault, MemoryError, SIGSTOP at its N-th task), so each case is deterministic; the
-harness that kills from outside by role is tests/test_faults.py. Every case checks the
+harness that kills from outside by role is tests/e2e/test_faults.py. Every case checks the
 promise: every id committed exactly once (checkpoint), the exit status, and the report.
 """
 
@@ -17,10 +17,11 @@ from collections import Counter
 
 import pytest
 
+from ..conftest import ROOT
 from .test_cli import BIN, completed_ids
 
-APP = os.path.join(os.path.dirname(__file__), "apps", "dying_app.py")
-LOGGING_APP = os.path.join(os.path.dirname(__file__), "apps", "logging_app.py")
+APP = os.path.join(ROOT, "tests", "apps", "dying_app.py")
+LOGGING_APP = os.path.join(ROOT, "tests", "apps", "logging_app.py")
 
 
 def run_job(tmp_path, env, n, args, ft=True, timeout=150, app=APP):

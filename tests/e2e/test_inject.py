@@ -15,6 +15,8 @@ import pytest
 from nlevel.testing import inject
 from nlevel.testing.inject import Schedule, candidates, find_ranks, new_leader, plan_of, roles
 
+from ..conftest import ROOT
+
 P3 = plan_of(3, (2,))   # 8 ranks: [0..3] led by the master 0, [4..7] by region-master 4
 P4 = plan_of(4, (2, 2))  # 8 ranks: region-masters 2, 4, 6
 
@@ -168,7 +170,7 @@ def test_cli_injects_into_a_running_job_and_writes_the_log(fake_job, tmp_path):
         [sys.executable, "-m", "nlevel.testing.inject", "--job-marker", fake_job.marker, "--size", "4",
          "--levels", "2", "--role", "slave", "--count", "2", "--signal", "TERM", "--seed", "3",
          "--after", "0.05", "--log", str(log)],
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=60,
+        cwd=ROOT, timeout=60,
     ).returncode
     assert rc == 0
     kills = json.loads(log.read_text())["kills"]

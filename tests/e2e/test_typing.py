@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 MPI_MODULES = {"runtime/transport.py", "runtime/cli.py", "runtime/calibrate.py"}  # transport, entry point, calibration
 

@@ -19,9 +19,9 @@ from nlevel.config import Config
 from nlevel.errors import ConfigError
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
-from nlevel.roles.messages import Grant, Report
 from nlevel.roles.dispatch import Master, Region, grant_size
 from nlevel.roles.ledger import Ledger
+from nlevel.roles.messages import Grant, Report
 from nlevel.roles.station import Station
 from nlevel.roles.worker import END, WAIT, Worker, auto_chunk
 

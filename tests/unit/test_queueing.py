@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nlevel.model.calibration import Calibration, load_calibration, machine_identity, save_calibration
 from nlevel.errors import ConfigError
+from nlevel.model.calibration import Calibration, load_calibration, machine_identity, save_calibration
 from nlevel.model.plan import Plan
 from nlevel.model.queueing import choose_plan, fit_poisson, mm1_wait, predict, sampling_rule
 
@@ -148,18 +148,3 @@ def test_plan_cli_json_keys():
 def test_plan_cli_bad_input(args, message):
     proc = plan_cli(*args)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
-
-
-@pytest.mark.timeout(180)
-def test_calibrate_measures_and_later_plans_use_it(tmp_path, mpi_env):
-    path = str(tmp_path / "cal.json")
-    proc = subprocess.run(
-        [sys.executable, "-m", "nlevel.plan", "--calibrate", "--calibration", path],
-        capture_output=True, text=True, timeout=150, env=mpi_env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    cal = load_calibration(path)
-    assert cal is not None and 0 < cal.service_time < 0.1 and 0 < cal.msg_time < 0.1
-    out = plan_cli("--procs", "64", "--task-time", "0.01", "--calibration", path, "--json")
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["inputs"]["service_time_s"] == pytest.approx(cal.service_time)

@@ -19,12 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("matplotlib")
 pytest.importorskip("ipykernel")
+
+pytestmark = pytest.mark.slow  # a quick benchmark suite on 2 ranks, then the notebook twice
 
 NOTEBOOK = Path(ROOT) / "notebooks" / "overhead.ipynb"
 FIGURES = ("overhead_vs_procs", "twait_vs_rho", "plan_vs_procs_task_time")

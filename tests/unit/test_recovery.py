@@ -1,6 +1,6 @@
 """Region-local recovery, driven over whole hierarchies with no MPI.
 
-Like tests/test_roles.py: a tiny in-process network (FIFO per pair, random order
+Like tests/unit/test_roles.py: a tiny in-process network (FIFO per pair, random order
 overall) and random workers, but ranks die at random moments. Each survivor hears of
 a death at its own random later moment (as ULFM tells each rank separately); messages
 to the dead are lost, and a dead rank's last messages may or may not arrive. Checked
@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from nlevel.config import Config
 from nlevel.model.hierarchy import Role, build
 from nlevel.model.plan import Plan
-from nlevel.roles.messages import Failed, Grant, Holding, Mirror, Report
 from nlevel.ranges import RangeSet
 from nlevel.roles.dispatch import Master
 from nlevel.roles.ledger import Ledger
+from nlevel.roles.messages import Failed, Grant, Holding, Mirror, Report
 from nlevel.roles.recovery import Reconciliation, deputy, expected, reconciler
 from nlevel.roles.station import Station
 from nlevel.roles.worker import END, WAIT

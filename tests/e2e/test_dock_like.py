@@ -24,7 +24,7 @@ from apps.dock_like.ligands import PrepareError, ligand_seed, load_library, prep
 from apps.dock_like.pocket import read_pocket  # noqa: E402
 from apps.dock_like.search import Pose, dock, place, score_pose  # noqa: E402
 
-from .conftest import BIN, ROOT  # noqa: E402
+from ..conftest import BIN, ROOT  # noqa: E402
 
 FAST = ["--maxiter", "4"]
 

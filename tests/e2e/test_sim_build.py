@@ -33,6 +33,7 @@ def env_with(cache: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_BUILD, reason="needs mypy and a C compiler")
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("plan", ["classic", "levels=3,regions=8", "levels=4,regions=4x2"])

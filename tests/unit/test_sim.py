@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from nlevel.model.calibration import Calibration, save_calibration
 from nlevel.config import Config
 from nlevel.errors import ConfigError, PlanError
+from nlevel.model.calibration import Calibration, save_calibration
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
 from nlevel.sim import default_times, main, make_durations, parse_plan, parse_task_time, simulate

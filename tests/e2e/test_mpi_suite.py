@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from .conftest import BIN, ROOT
+from ..conftest import BIN, ROOT
 
 SIZES = [1, 4, 7]
 
