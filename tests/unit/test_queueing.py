@@ -57,8 +57,8 @@ def test_chosen_plan_meets_c_whenever_any_plan_does(p, t, s, m, c):
     d = choose_plan(p, t, s, m, threshold=c)
     if any_meets:
         assert d.predicted_overhead <= c
-    else:
-        assert "no plan reaches" in d.reason
+    else:  # none up to 4 levels does: the planner says no plan does, or found a deeper one that does
+        assert "no plan reaches" in d.reason or (d.plan.levels > 4 and d.predicted_overhead <= c)
 
 
 @given(st.floats(0.5, 200.0), st.integers(30, 400), st.integers(0, 2**32 - 1))
