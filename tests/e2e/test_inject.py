@@ -134,16 +134,34 @@ def test_inject_kills_the_chosen_role_and_logs_it(fake_job):
     assert all(ranks[r].poll() is None for r in (0, 1, 2, 3, 6, 7))
 
 
+def process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat (R, S, T for stopped, Z, ...)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def wait_stopped(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process_state(pid) == "T":
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def test_several_victims_are_chosen_given_the_earlier_ones_are_dead(fake_job):
-    for r in range(8):
-        fake_job(r)
+    ranks = {r: fake_job(r) for r in range(8)}
     kills = inject.inject(fake_job.marker, 8, P3, Schedule(role="master", count=2), timeout=10)
     assert [k.rank for k in kills] == [0, 1]  # the second is the newly elected master
+    assert all(ranks[r].wait(timeout=5) == -signal.SIGKILL for r in (0, 1))
     # A second injection into the same job: the dead are not waited for, nor chosen.
     kills = inject.inject(fake_job.marker, 8, P3, Schedule(role="slave", count=3, seed=7, signal="STOP"),
                           timeout=10, dead=frozenset({0, 1}))
     assert len({k.rank for k in kills}) == 3
     assert all(roles(8, P3, frozenset({0, 1}))[k.rank] == "slave" for k in kills)
+    assert all(wait_stopped(ranks[k.rank].pid) for k in kills)
+    assert all(ranks[r].poll() is None and process_state(ranks[r].pid) != "T"
+               for r in set(range(2, 8)) - {k.rank for k in kills})
 
 
 def test_inject_refuses_to_kill_everyone():
@@ -151,8 +169,28 @@ def test_inject_refuses_to_kill_everyone():
         inject.inject("x", 3, plan_of(2), Schedule(count=3), timeout=0.1)
 
 
-def test_inject_gives_up_when_the_ranks_never_appear():
-    assert inject.inject("none-" + uuid.uuid4().hex, 4, plan_of(2), Schedule(), timeout=0.2) == []
+def test_inject_gives_up_when_the_ranks_never_appear(fake_job):
+    ranks = {r: fake_job(r) for r in range(4)}
+    wait_found(fake_job.marker, 4)
+    # Where only some ranks appear (0 and 1 of 4 here: the marker matches a job of 2 ranks
+    # asked about as 4), it waits out the timeout, says why, and kills nothing.
+    ranks[2].kill(), ranks[3].kill()
+    ranks[2].wait(timeout=5), ranks[3].wait(timeout=5)
+    said: list[str] = []
+    t0 = time.monotonic()
+    assert inject.inject(fake_job.marker, 4, plan_of(2), Schedule(role="any", count=1), timeout=0.3,
+                         log=said.append) == []
+    assert time.monotonic() - t0 >= 0.3
+    assert said == ["inject: only ranks [0, 1] of 4 appeared; no kill"]
+    assert ranks[0].poll() is None and ranks[1].poll() is None
+    # No process at all carries the marker: the same.
+    said.clear()
+    assert inject.inject("none-" + uuid.uuid4().hex, 4, plan_of(2), Schedule(), timeout=0.2, log=said.append) == []
+    assert said == ["inject: only ranks [] of 4 appeared; no kill"]
+    # The same call once every rank is there kills, really: the give-up above is not a no-op.
+    kills = inject.inject(fake_job.marker, 2, plan_of(2), Schedule(role="slave", count=1), timeout=10)
+    assert [(k.rank, k.pid) for k in kills] == [(1, ranks[1].pid)]
+    assert ranks[1].wait(timeout=5) == -signal.SIGKILL and ranks[0].poll() is None
 
 
 def test_kill_job_removes_stopped_processes(fake_job):

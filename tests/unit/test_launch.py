@@ -1,0 +1,71 @@
+"""``nlevel-mpiexec``: the options and variables it adds, decided without starting anything."""
+
+import signal
+import sys
+
+import pytest
+
+from nlevel.runtime import launch
+
+
+def test_root_and_oversubscription_are_handled(monkeypatch):
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    cmd, env = launch.build_command(["-n", "8", "python", "-m", "nlevel.run"], cores=2, root=True, open_mpi=True)
+    assert cmd[0] == "/x/mpiexec" and "--oversubscribe" in cmd
+    assert cmd[cmd.index("-n") + 1] == "8"
+    assert cmd[-3:] == [sys.executable, "-m", "nlevel.run"]
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1" and env["OMPI_MCA_mpi_yield_when_idle"] == "1"
+
+
+def test_nothing_added_when_not_needed(monkeypatch):
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    cmd, env = launch.build_command(["-n", "2", "./app"], cores=4, root=False, open_mpi=True)
+    assert cmd == ["/x/mpiexec", "-n", "2", "./app"] and env == {}
+    cmd, env = launch.build_command(["-n", "8", "./app"], cores=2, root=True, open_mpi=False)
+    assert cmd == ["/x/mpiexec", "-n", "8", "./app"] and env == {}
+
+
+def test_mpiexec_options_pass_through(monkeypatch):
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    cmd, _ = launch.build_command(
+        ["-n", "3", "--with-ft", "ulfm", "--mca", "btl", "self,sm", "python", "app.py", "-n", "5"],
+        cores=8, root=False, open_mpi=True,
+    )
+    assert cmd == ["/x/mpiexec", "-n", "3", "--with-ft", "ulfm", "--mca", "btl", "self,sm", sys.executable, "app.py", "-n", "5"]
+
+
+@pytest.fixture
+def restore_signals():
+    """main() installs its forwarding handlers in this process: put the test runner's back."""
+    saved = {s: signal.getsignal(s) for s in launch._FORWARDED}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+    launch._early.clear()
+
+
+def dry_run(monkeypatch, capsys, argv, cores, root):
+    """``nlevel-mpiexec --dry-run ARGV`` on a machine with ``cores`` cores, as root or not (Open MPI)."""
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    monkeypatch.setattr(launch, "is_open_mpi", lambda mpiexec: True)
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(launch.os, "geteuid", lambda: 0 if root else 1000)
+    assert launch.main(["--dry-run", *argv]) == 0
+    words = capsys.readouterr().out.split()
+    at = words.index("/x/mpiexec")
+    return dict(w.split("=", 1) for w in words[:at]), words[at:]
+
+
+def test_dry_run_prints_the_effective_command(monkeypatch, capsys, restore_signals):
+    env, cmd = dry_run(monkeypatch, capsys, ["-n", "8", "python", "-c", "pass"], cores=2, root=True)
+    assert cmd == ["/x/mpiexec", "--oversubscribe", "--bind-to", "none", "-n", "8", sys.executable, "-c", "pass"]
+    assert env == {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                   "OMPI_MCA_mpi_yield_when_idle": "1"}
+    # Within the cores and not root: nothing added; python3 still becomes this interpreter.
+    env, cmd = dry_run(monkeypatch, capsys, ["-n", "2", "python3", "app.py"], cores=4, root=False)
+    assert cmd == ["/x/mpiexec", "-n", "2", sys.executable, "app.py"] and env == {}
+    # The user's own --oversubscribe / --bind-to are kept and not doubled; idle ranks still yield.
+    env, cmd = dry_run(monkeypatch, capsys, ["-n", "4", "--oversubscribe", "--bind-to", "core", "./app"],
+                       cores=2, root=False)
+    assert cmd == ["/x/mpiexec", "-n", "4", "--oversubscribe", "--bind-to", "core", "./app"]
+    assert env == {"OMPI_MCA_mpi_yield_when_idle": "1"}
