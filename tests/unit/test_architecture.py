@@ -1,0 +1,330 @@
+"""The package's shape (issue 15): no import circle, small modules, a short top level, pure roles
+and model, MPI confined to the runtime, and each subpackage importing only what its docstring allows.
+
+The checks read the source with :mod:`ast` (nothing is imported), so every import counts:
+at module level, inside functions, and under ``if TYPE_CHECKING:``. Each check is also run
+on a small synthetic package built in ``tmp_path``, to show that it can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from ..conftest import ROOT
+
+PACKAGE = Path(ROOT) / "nlevel"
+
+MAX_LINES = 600
+MAX_TOP_LEVEL = 12  # .py files directly in nlevel/, __init__.py included
+MAX_MPI_MODULES = 3
+PURE = ("roles", "model")  # no MPI, no HDF5, no threads, no files
+FORBIDDEN_IN_PURE = ("mpi4py", "h5py", "threading")
+#: Modules of the pure subpackages allowed to open files, and why.
+FILE_IO_ALLOWED = {
+    # The calibration JSON (measured service and message times) is the model's input data:
+    # the planner, the simulator and the job all read it, so reading and writing it lives here.
+    "model/calibration.py",
+}
+#: What each subpackage may not import (their __init__ docstrings say the same).
+MAY_NOT_IMPORT = {
+    "model": ("nlevel.roles", "nlevel.runtime", "nlevel.sim", "nlevel.testing", "nlevel.api", "nlevel.config"),
+    "roles": ("nlevel.runtime", "nlevel.sim", "nlevel.testing", "nlevel.api"),
+    "sim": ("nlevel.runtime", "nlevel.testing", "nlevel.api"),
+    "runtime": ("nlevel.sim", "nlevel.testing"),
+    "": ("nlevel.testing",),  # the top-level modules
+}
+
+
+@dataclass
+class Module:
+    name: str  # dotted, e.g. nlevel.roles.station
+    path: Path
+    rel: str  # path under the package, e.g. roles/station.py
+    is_package: bool
+    tree: ast.Module = field(repr=False)
+    lines: int = 0
+
+
+def modules(package: Path) -> dict[str, Module]:
+    """Every module of ``package`` (a directory), by dotted name."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(package)
+        parts = [package.name, *rel.with_suffix("").parts]
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts = parts[:-1]
+        text = path.read_text()
+        name = ".".join(parts)
+        out[name] = Module(name, path, rel.as_posix(), is_package, ast.parse(text, str(path)), len(text.splitlines()))
+    return out
+
+
+def imported(mod: Module, known: dict[str, Module]) -> list[tuple[str, int]]:
+    """``(absolute module name, line)`` of every import in ``mod``, wherever it is written.
+
+    ``from X import name`` counts as an import of ``X.name`` when that is a module, else of ``X``.
+    """
+    out = []
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = mod.name.split(".") if mod.is_package else mod.name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for a in node.names:
+                sub = f"{target}.{a.name}"
+                out.append((sub if sub in known else target, node.lineno))
+    return out
+
+
+def graph(mods: dict[str, Module]) -> dict[str, set[str]]:
+    """Imports between the package's own modules."""
+    return {name: {t for t, _ in imported(m, mods) if t in mods and t != name} for name, m in mods.items()}
+
+
+def circles(mods: dict[str, Module]) -> list[str]:
+    """Every import circle, as ``a -> b -> a`` (one per strongly connected group)."""
+    g = graph(mods)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    out = []
+    for group in groups:  # name one circle through the group's first module
+        start = group[0]
+        path, seen = [start], {start}
+        while True:
+            nxt = sorted(w for w in g[path[-1]] if w in group)
+            back = [w for w in nxt if w == start]
+            if back or not nxt:
+                break
+            step = next((w for w in nxt if w not in seen), nxt[0])
+            if step in seen:
+                path.append(step)
+                break
+            path.append(step)
+            seen.add(step)
+        out.append(" -> ".join(path + [start] if path[-1] != start else path))
+    return out
+
+
+def long_modules(mods: dict[str, Module]) -> list[str]:
+    return [f"{m.rel}: {m.lines} lines" for m in mods.values() if m.lines > MAX_LINES]
+
+
+def top_level(package: Path) -> list[str]:
+    names = sorted(p.name for p in package.glob("*.py"))
+    return [f"{len(names)} modules directly in {package.name}/ (at most {MAX_TOP_LEVEL}): {names}"] \
+        if len(names) > MAX_TOP_LEVEL else []
+
+
+def impure(mods: dict[str, Module]) -> list[str]:
+    """Imports of mpi4py, h5py or threading, and file opens, in the pure subpackages."""
+    out = []
+    for m in mods.values():
+        if m.rel.split("/")[0] not in PURE or len(m.rel.split("/")) < 2:
+            continue
+        for name, line in imported(m, mods):
+            if name.split(".")[0] in FORBIDDEN_IN_PURE:
+                out.append(f"{m.rel}:{line}: imports {name}")
+        if m.rel in FILE_IO_ALLOWED:
+            continue
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.Call):
+                f = node.func
+                if (isinstance(f, ast.Name) and f.id == "open") or (
+                    isinstance(f, ast.Attribute) and f.attr in ("open", "fdopen")
+                ):
+                    out.append(f"{m.rel}:{node.lineno}: opens a file")
+    return out
+
+
+def mpi_outside_runtime(mods: dict[str, Module]) -> list[str]:
+    users = sorted({m.rel for m in mods.values() for name, _ in imported(m, mods) if name.split(".")[0] == "mpi4py"})
+    out = [f"{rel} imports mpi4py outside runtime/" for rel in users if not rel.startswith("runtime/")]
+    if len(users) > MAX_MPI_MODULES:
+        out.append(f"{len(users)} modules import mpi4py (at most {MAX_MPI_MODULES}): {users}")
+    return out
+
+
+def layering(mods: dict[str, Module]) -> list[str]:
+    out = []
+    for m in mods.values():
+        parts = m.rel.split("/")
+        area = parts[0] if len(parts) > 1 else ""
+        if area == "testing":
+            continue
+        banned = MAY_NOT_IMPORT.get(area, ())
+        for name, line in imported(m, mods):
+            hit = next((b for b in banned if name == b or name.startswith(b + ".")), None)
+            if hit is not None:
+                out.append(f"{m.rel}:{line}: {area or 'the top level'} may not import {name}")
+    return out
+
+
+# ---------------------------------------------------------------- the package as it is
+
+@pytest.fixture(scope="module")
+def real() -> dict[str, Module]:
+    return modules(PACKAGE)
+
+
+def test_no_import_circle(real):
+    assert circles(real) == []
+
+
+def test_no_module_over_600_lines(real):
+    assert long_modules(real) == []
+
+
+def test_at_most_12_modules_at_the_top_level():
+    assert top_level(PACKAGE) == []
+
+
+def test_roles_and_model_are_pure(real):
+    assert impure(real) == []
+
+
+def test_mpi4py_only_in_the_runtime_and_in_at_most_3_modules(real):
+    assert mpi_outside_runtime(real) == []
+    users = {m.rel for m in real.values() for n, _ in imported(m, real) if n.split(".")[0] == "mpi4py"}
+    assert users and all(u.startswith("runtime/") for u in users)  # the check sees the real ones
+
+
+def test_subpackages_import_only_what_they_may(real):
+    assert layering(real) == []
+
+
+def test_the_checks_see_the_whole_package(real):
+    assert {"nlevel.roles.station", "nlevel.runtime.transport", "nlevel.sim.engine", "nlevel.model.plan"} <= set(real)
+    g = graph(real)
+    assert "nlevel.roles.repair" in g["nlevel.roles.station"]
+    assert "nlevel.runtime.transport" in g["nlevel.api"]  # imported inside a function: counted
+
+
+# ---------------------------------------------------------------- each check can fail
+
+def make(tmp_path: Path, files: dict[str, str]) -> Path:
+    pkg = tmp_path / "nlevel"
+    for rel, text in {"__init__.py": "", **files}.items():
+        path = pkg / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return pkg
+
+
+def test_a_circle_is_found_even_under_type_checking(tmp_path):
+    pkg = make(tmp_path, {
+        "roles/__init__.py": "",
+        "roles/station.py": "from . import repair\n",
+        "roles/repair.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .station import Station\n",
+        "a.py": "def f():\n    from .b import x\n",
+        "b.py": "from . import a\nx = 1\n",
+        "c.py": "from .a import f\n",  # imports into a circle: not itself in one
+    })
+    assert sorted(circles(modules(pkg))) == ["nlevel.a -> nlevel.b -> nlevel.a",
+                                             "nlevel.roles.repair -> nlevel.roles.station -> nlevel.roles.repair"]
+
+
+def test_a_circle_through_the_package_init_is_found(tmp_path):
+    pkg = make(tmp_path, {"__init__.py": "__version__ = '1'\nfrom .api import f\n",
+                          "api.py": "from . import __version__\ndef f(): pass\n"})
+    assert circles(modules(pkg)) == ["nlevel -> nlevel.api -> nlevel"]
+
+
+def test_a_long_module_is_found(tmp_path):
+    pkg = make(tmp_path, {"ok.py": "x = 1\n" * MAX_LINES, "long.py": "x = 1\n" * (MAX_LINES + 1)})
+    assert long_modules(modules(pkg)) == [f"long.py: {MAX_LINES + 1} lines"]
+
+
+def test_a_crowded_top_level_is_found(tmp_path):
+    pkg = make(tmp_path, {f"m{i}.py": "" for i in range(MAX_TOP_LEVEL - 1)})  # + __init__.py = 12
+    assert top_level(pkg) == []
+    (pkg / "one_more.py").write_text("")
+    assert len(top_level(pkg)) == 1
+
+
+def test_impure_roles_and_model_are_found(tmp_path):
+    pkg = make(tmp_path, {
+        "roles/__init__.py": "",
+        "roles/a.py": "import threading\nfrom mpi4py import MPI\n",
+        "roles/b.py": "def f():\n    import h5py\n    with open('x') as fh:\n        pass\n",
+        "model/__init__.py": "",
+        "model/c.py": "import os\ndef f():\n    return os.fdopen(3)\n",
+        "model/calibration.py": "def f():\n    return open('cal.json')\n",  # allowed: the calibration data
+        "runtime/__init__.py": "",
+        "runtime/d.py": "import threading\nopen('x')\n",  # the runtime may
+    })
+    assert sorted(impure(modules(pkg))) == ["model/c.py:3: opens a file", "roles/a.py:1: imports threading",
+                                            "roles/a.py:2: imports mpi4py", "roles/b.py:2: imports h5py",
+                                            "roles/b.py:3: opens a file"]
+
+
+def test_mpi4py_outside_the_runtime_or_in_too_many_modules_is_found(tmp_path):
+    files = {"runtime/__init__.py": ""}
+    files.update({f"runtime/m{i}.py": "from mpi4py import MPI\n" for i in range(MAX_MPI_MODULES)})
+    pkg = make(tmp_path, files)
+    assert mpi_outside_runtime(modules(pkg)) == []
+    (pkg / "api.py").write_text("def f():\n    import mpi4py.MPI\n")
+    assert mpi_outside_runtime(modules(pkg)) == [
+        "api.py imports mpi4py outside runtime/",
+        f"{MAX_MPI_MODULES + 1} modules import mpi4py (at most {MAX_MPI_MODULES}): "
+        f"{['api.py'] + [f'runtime/m{i}.py' for i in range(MAX_MPI_MODULES)]}",
+    ]
+
+
+def test_a_subpackage_importing_what_it_may_not_is_found(tmp_path):
+    pkg = make(tmp_path, {
+        "model/__init__.py": "",
+        "model/plan.py": "from ..errors import E\n",
+        "model/bad.py": "from ..roles import station\n",
+        "roles/__init__.py": "",
+        "roles/station.py": "from ..model.plan import P\n",
+        "errors.py": "class E(Exception): pass\n",
+        "sim/__init__.py": "",
+        "sim/engine.py": "def f():\n    from nlevel.runtime.node import Node\n",
+        "runtime/__init__.py": "",
+        "runtime/node.py": "",
+        "testing/__init__.py": "",
+        "drain.py": "import nlevel.testing\n",
+    })
+    assert sorted(layering(modules(pkg))) == ["drain.py:1: the top level may not import nlevel.testing",
+                                              "model/bad.py:1: model may not import nlevel.roles.station",
+                                              "sim/engine.py:2: sim may not import nlevel.runtime.node"]
