@@ -30,8 +30,8 @@ from typing import Any
 from nlevel.config import Config
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
-from nlevel.roles.messages import Report
 from nlevel.roles.ledger import Ledger
+from nlevel.roles.messages import Report
 from nlevel.roles.station import Station
 
 TOTALS = (10**6, 10**7, 10**8, 10**9)

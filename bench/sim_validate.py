@@ -40,9 +40,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from nlevel.runtime import micro  # noqa: E402
 from nlevel.config import Config  # noqa: E402
 from nlevel.model.plan import Plan  # noqa: E402
+from nlevel.runtime import micro  # noqa: E402
 from nlevel.sim import simulate  # noqa: E402
 
 TARGET = 0.25
