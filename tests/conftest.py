@@ -1,8 +1,8 @@
 """Shared test settings: where the venv's tools are, the environment MPI runs need, and the
 markers that sort the suite by cost.
 
-* ``tests/unit/`` (marker ``unit``): plain pytest, no process launched: ``pytest tests/unit``
-  is the inner loop (well under 2 minutes).
+* ``tests/unit/`` (marker ``unit``): plain pytest, no MPI job (a few run ``python -m nlevel.plan``
+  as a child): ``pytest tests/unit`` is the inner loop (well under 2 minutes).
 * ``tests/mpi/`` (marker ``mpi``): pytest-mpi tests, run under mpiexec at 1, 4 and 7 ranks by
   ``tests/e2e/test_mpi_suite.py``; plain pytest does not collect them.
 * ``tests/e2e/`` (marker ``e2e``): everything that launches processes: the CLI, MPI jobs,
