@@ -48,6 +48,9 @@ class Config:
     task_retries: int = 2
     quarantine: int = 3
     control_interval: float = 0.5
+    grants: str = "one-sided"
+    server_period: float = 2e-3
+    board_slots: int = 4096
 
     @property
     def ft(self) -> bool:
@@ -207,6 +210,9 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "task_retries": _int_at_least(0),
     "quarantine": _int_at_least(1),
     "control_interval": _positive_float,
+    "grants": _choice("one-sided", "two-sided"),
+    "server_period": _positive_float,
+    "board_slots": _int_at_least(16),
 }
 
 #: name -> (unit, help). The defaults are the dataclass defaults.
@@ -238,6 +244,9 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "task_retries": ("", "retries of a task that raised, with --on-task-error retry"),
     "quarantine": ("processes", "a task held by this many processes that died is recorded failed, not run again"),
     "control_interval": ("s", "how often the master reads the run's control directory (drain requests)"),
+    "grants": ("", "how a rank takes ids from its parent: one-sided (atomics on the parent's window) or two-sided (messages)"),
+    "server_period": ("s", "longest sleep of an idle server thread between looks at its boards and messages"),
+    "board_slots": ("ranges", "size of each rank's board of published ranges (the upper board has 1/8 of it)"),
 }
 
 

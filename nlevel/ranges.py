@@ -294,6 +294,35 @@ class RangeSet:
                 n = 0
         return tuple(out)
 
+    def pop_range(self) -> tuple[int, int]:
+        """Remove and return the first range whole. Raises IndexError when empty."""
+        a, b = self._starts.pop(0), self._stops.pop(0)
+        self._count -= b - a
+        return a, b
+
+    def take_pieces(self, size: int, n: int) -> Ranges:
+        """Remove and return up to ``n`` pieces of at most ``size`` ids each, from the smallest ids.
+
+        A piece never spans a gap: each is one contiguous range.
+        """
+        out: list[tuple[int, int]] = []
+        starts, stops = self._starts, self._stops
+        while len(out) < n and starts:
+            a, b = starts[0], stops[0]
+            if b - a <= size:
+                out.append((a, b))
+                del starts[0], stops[0]
+                self._count -= b - a
+            else:
+                k = min(n - len(out), (b - a) // size)
+                out.extend((a + i * size, a + (i + 1) * size) for i in range(k))
+                self._count -= k * size
+                if a + k * size == b:
+                    del starts[0], stops[0]
+                else:
+                    starts[0] = a + k * size
+        return tuple(out)
+
     def pop(self) -> int:
         """Remove and return the smallest id. Raises IndexError when empty."""
         starts = self._starts

@@ -68,6 +68,21 @@ class Summary:
                 if k < cap:
                     sample[k] = x
 
+    def add_many(self, mean: float, n: int, hi: float | None = None) -> None:
+        """Add ``n`` values known only by their ``mean`` (and largest, ``hi``): a batch of tasks timed together.
+
+        The variance counts them as ``n`` equal values; the percentile sample gets the mean once.
+        """
+        if n <= 0:
+            return
+        other = Summary(cap=0)
+        other.n, other.total, other._mean, other.lo, other.hi = n, mean * n, mean, mean, max(mean, hi or mean)
+        sample = self.sample
+        self.merge(other)
+        self.sample = sample
+        if self.cap and len(sample) < self.cap:
+            sample.append(mean)
+
     def merge(self, other: Summary) -> None:
         """Fold ``other`` into this summary (Chan et al. parallel variance)."""
         if other.n == 0:
@@ -149,6 +164,14 @@ class RequestTimes:
         self.total.add(total)
         self.message.add(max(0.0, (total - residence) / 2))
         self.wait.add(max(0.0, residence - dispose))
+        self.dispose.add(dispose)
+
+    def add_parts(self, total: float, message: float, dispose: float = 0.0) -> None:
+        """Record one request measured by its parts: ``message`` (the operations on the wire),
+        ``dispose`` (the server's own handling); the rest of ``total`` is waiting."""
+        self.total.add(total)
+        self.message.add(message)
+        self.wait.add(max(0.0, total - message - dispose))
         self.dispose.add(dispose)
 
     def merge(self, other: RequestTimes) -> None:

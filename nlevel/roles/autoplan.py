@@ -25,9 +25,8 @@ from typing import Any
 
 from ..config import Config
 from ..model.plan import Plan, parse_force
-from ..model.queueing import choose_plan, fit_poisson, predict, preload, sampling_rule
+from ..model.queueing import choose_plan, fit_poisson, predict, sampling_rule
 from ..stats import Summary
-from .messages import Report
 
 __all__ = ["AutoPlanner"]
 
@@ -44,7 +43,6 @@ class AutoPlanner:
     """
 
     def __init__(self, size: int, config: Config, plan: Plan) -> None:
-        preload()  # scipy now, not at the first fit in the middle of the job
         self.size = size
         self.config = config
         self.plan = plan
@@ -62,24 +60,32 @@ class AutoPlanner:
         self.force = parse_force(config.force_replan)
 
     # -- measurements ----------------------------------------------------------------
-    def on_report(self, report: Report, now: float) -> None:
-        """A child's report reached the master: count a request, take its measurements."""
-        if report.want > 0 and self.state == "sampling":
-            self.arrivals.append(now)
-        if report.task_mean > 0:
-            self.task.add(report.task_mean)
-            if self.state == "warmup":
-                self.first_task_times.append(report.task_mean)
-        if report.msg_time > 0:
-            self.msg.add(report.msg_time)
+    def on_tasks(self, tasks: int, busy: float, now: float) -> None:
+        """A report reached the master: ``tasks`` finished below, taking ``busy`` seconds."""
+        mean = busy / tasks
+        self.task.add(mean)
+        if self.state == "warmup":
+            self.first_task_times.append(mean)
 
     def on_service(self, seconds: float) -> None:
         """The master spent ``seconds`` receiving, handling and answering one request."""
         self.service.add(seconds)
 
     # -- decisions ----------------------------------------------------------------------
-    def tick(self, now: float, committed_fraction: float) -> Plan | None:
-        """Advance; return a plan to switch to, or None."""
+    def tick(self, now: float, committed_fraction: float, master: Any = None) -> Plan | None:
+        """Advance; return a plan to switch to, or None.
+
+        ``master`` (the master's server) logs the time of every claim on its boards while
+        a sampling window is open: those are the arrivals the Poisson fit counts.
+        """
+        if master is not None:
+            if self.state == "sampling" and master.claim_log is None:
+                master.claim_log = []
+            elif self.state != "sampling" and master.claim_log is not None:
+                master.claim_log = None
+            if master.claim_log:
+                self.arrivals.extend(master.claim_log)
+                master.claim_log.clear()
         if self.force is not None and committed_fraction >= self.force[0]:
             plan = self.force[1]
             self.force = None
@@ -129,8 +135,9 @@ class AutoPlanner:
         decision = choose_plan(self.size, t_exe, effective, msg, self.config.threshold, self.task.std)
         chosen = decision.plan
         same = (chosen.levels, chosen.regions) == (self.plan.levels, self.plan.regions)
-        smaller = chosen.levels < self.plan.levels
-        switch = not same and (current.overhead > self.config.threshold or smaller)
+        # Only a plan predicted above C is left (a smaller one that would also do is not worth
+        # the move: switching back and forth between two acceptable plans costs every rank).
+        switch = not same and current.overhead > self.config.threshold
         why = decision.reason
         if same:
             why = f"keep the current plan: {why}"

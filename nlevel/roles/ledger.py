@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..ranges import RangeSet
+from .messages import TaskFailure
 
 __all__ = ["Ledger"]
 
@@ -45,8 +46,8 @@ class Ledger:
         self.result_values = array("d", result_values)
         self.recomputed = 0
         self.commits = 0  # ids committed by this run
-        #: Tasks that failed for good this run: id -> (attempts, "error, rank, host").
-        self.failed: dict[int, tuple[int, str]] = {}
+        #: Tasks that failed for good (this run, or recorded so by the runs it resumed).
+        self.failed: dict[int, TaskFailure] = {}
 
     def merge(self, other: Ledger) -> int:
         """Add what ``other`` committed and this ledger lacks (results included); return how many ids.
@@ -67,10 +68,10 @@ class Ledger:
         self.commits += n
         return n
 
-    def fail(self, tid: int, info: str, attempts: int = 1) -> None:
-        """Record task ``tid`` as failed (not committed: a later run tries it again)."""
-        if tid not in self.committed:
-            self.failed[tid] = (attempts, info)
+    def fail(self, failure: TaskFailure) -> None:
+        """Record a task as failed (not committed: ``--retry-failed`` runs it again)."""
+        if failure.id not in self.committed:
+            self.failed[failure.id] = failure
 
     def remaining(self) -> RangeSet:
         """Return the ids not committed yet."""
@@ -107,6 +108,14 @@ class Ledger:
     def complete(self) -> bool:
         """Whether every id in ``[0, total)`` is committed."""
         return len(self.committed) == self.total
+
+    def result_rows(self) -> list[Any]:
+        """The committed results, one per result id (a float, or a tuple of ``width`` floats)."""
+        values = self.result_values.tolist()
+        if self.width == 1:
+            return values
+        w = self.width
+        return [tuple(values[i : i + w]) for i in range(0, len(values), w)]
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Return copies (completed ranges ``(K, 2)``, result ids, result values) for a checkpoint."""

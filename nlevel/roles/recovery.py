@@ -24,10 +24,9 @@ in flight at a process that died. Pure Python, no MPI.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model.hierarchy import Hierarchy, Role
 from ..ranges import RangeSet
+from .messages import FailureRecord
 
 __all__ = ["expected", "reconciler", "deputy", "Reconciliation"]
 
@@ -72,12 +71,13 @@ class Reconciliation:
         self.held = RangeSet()  # ids the dead servers held here
         self.expected: set[int] = set()
         self.got: dict[int, RangeSet] = {}
-        self.records: list[dict[str, Any]] = []  # failures whose recovery ends when this does
+        self.records: list[FailureRecord] = []  # failures whose recovery ends when this does
 
-    def add_dead(self, held: RangeSet, survivors: set[int], record: dict[str, Any]) -> set[int]:
+    def add_dead(self, held: RangeSet, survivors: set[int], record: FailureRecord | None) -> set[int]:
         """A server died holding ``held``; return which of ``survivors`` to ask what they hold."""
         self.held.add_ranges(held.ranges())
-        self.records.append(record)
+        if record is not None:
+            self.records.append(record)
         return self._expect(survivors)
 
     def member_died(self, rank: int, survivors: set[int]) -> set[int]:
@@ -109,28 +109,3 @@ class Reconciliation:
         if settled:
             lost.remove_ranges(settled.ranges())
         return lost
-
-
-def failure_record(rank: int, old: Hierarchy, held: int, how: str, by: int, wall: float) -> dict[str, Any]:
-    """One entry of the run report's ``failures``: filled in when the recovery is done."""
-    return {
-        "rank": rank,
-        "role": old[rank].role.value,
-        "level": old[rank].level,
-        "how": how,
-        "detected_by": by,
-        "detected_at": wall,
-        "held": held,
-        "requeued": 0,
-        "quarantined": [],
-        "recovered_at": None,
-        "recovery_ms": None,
-    }
-
-
-def close_record(record: dict[str, Any], requeued: int, quarantined: list[int], wall: float) -> None:
-    """The recovery of ``record``'s failure is done: its ids are back in a queue."""
-    record["requeued"] += requeued
-    record["quarantined"] += quarantined
-    record["recovered_at"] = wall
-    record["recovery_ms"] = round((wall - record["detected_at"]) * 1e3, 3)

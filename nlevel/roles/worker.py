@@ -1,58 +1,39 @@
-"""The worker side of a rank: hands out ids to the user's loop and talks to its parent.
+"""A computing rank's side: ids for the user's loop, claimed from its parent's leaf board. Pure Python.
 
-A state machine, no MPI: :meth:`Worker.next` is called each time the user asks for
-a task and returns the id (or WAIT / END) plus the reports to send; :meth:`on_grant`
-takes the parent's answer. Slaves run one with an MPI parent; the master and the
-region-masters run one whose parent is their own dispatcher, in the same process.
+The user's loop runs the ids of one claimed range at a time ("in hand"); the runtime
+hands them out one per call without entering this module, and reports what ran with
+:meth:`Worker.ran`. When the hand is empty, :meth:`Worker.refill` moves the next range
+from the queue, or claims one from the parent's board (:class:`~nlevel.roles.board.Claimer`).
+Finished ids wait in a batch until it is worth a report (``report_every`` ids, or
+``report_age`` seconds, or at once when this rank has nothing to run: the parent may be
+waiting for exactly these to finish the job).
 """
 
 from __future__ import annotations
 
 import math
+from enum import Enum
+from typing import Callable
 
-from ..ranges import RangeSet
+from ..ranges import RangeSet, Ranges
 from ..stats import RequestTimes, Summary
-from .messages import Grant, Message, Report, Result
+from .board import Claim, Claimer, Memory
+from .messages import Report, Result, TaskFailure
 
-__all__ = ["WAIT", "END", "Out", "Worker", "auto_chunk"]
-
-#: ``next`` outcome: no id yet, a request is outstanding; wait for a grant.
-WAIT = -1
-#: ``next`` outcome: no id will ever come; the rank is done.
-END = -2
+__all__ = ["Worker", "State", "auto_chunk"]
 
 
-class Out:
-    """A message to send: ``msg`` to rank ``dest`` (treat it as immutable).
+class State(str, Enum):
+    """Where a worker's user loop stands."""
 
-    A plain class with slots rather than a frozen dataclass: every task creates a few
-    (the simulator makes millions), and this constructs about 3x faster.
-    """
-
-    __slots__ = ("dest", "msg")
-
-    def __init__(self, dest: int, msg: Message) -> None:
-        self.dest = dest
-        self.msg = msg
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Out):
-            return NotImplemented
-        return self.dest == other.dest and self.msg == other.msg
-
-    def __hash__(self) -> int:
-        return hash((self.dest, self.msg))
-
-    def __repr__(self) -> str:
-        return f"Out(dest={self.dest!r}, msg={self.msg!r})"
+    RUN = "run"  # ids in hand or queued
+    WAIT = "wait"  # nothing published for its ticket yet (or its parent is switching plans)
+    END = "end"  # no id will ever come
+    LEFT = "left"  # the user's loop left early
 
 
 def auto_chunk(mean_task_s: float, target_s: float, max_chunk: int) -> int:
-    """Return how many ids to ask for at once so a batch runs about ``target_s`` seconds.
-
-    Long tasks get 1 (best balance); tasks much cheaper than a round trip come in
-    batches of up to ``max_chunk`` so the request cost is shared.
-    """
+    """Ids per range so that a range runs about ``target_s`` seconds (1 for long tasks, up to ``max_chunk``)."""
     if mean_task_s <= 0:
         return max_chunk
     return max(1, min(max_chunk, int(target_s / mean_task_s)))
@@ -62,159 +43,140 @@ class Worker:
     """Ids for one rank's user loop.
 
     Args:
-        parent: Rank that grants ids (may be this rank itself for a server).
-        chunk: Ids per request; 0 = automatic from the measured task time.
-        report_every: Send buffered completions once this many are waiting.
+        rank: This rank (its marker on the board).
+        parent: The rank whose leaf board it claims from (itself, for a server that computes).
+        slots: Ring size of the parent's leaf board.
+        report_every: Report finished ids once this many are batched ...
         report_age: ... or once the oldest has waited this many seconds.
-        chunk_target: Seconds of work an automatic chunk aims at.
-        max_chunk: Largest automatic chunk.
+        clock: Returns seconds (times the claims).
     """
 
-    def __init__(
-        self,
-        parent: int,
-        chunk: int = 0,
-        report_every: int = 256,
-        report_age: float = 0.05,
-        chunk_target: float = 2e-3,
-        max_chunk: int = 256,
-    ) -> None:
+    def __init__(self, rank: int, parent: int, slots: int, report_every: int = 256, report_age: float = 0.05,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.rank = rank
+        self.clock = clock
         self.parent = parent
-        self.chunk = chunk
+        self.claimer = Claimer(rank, slots)
         self.report_every = report_every
         self.report_age = report_age
-        self.chunk_target = chunk_target
-        self.max_chunk = max_chunk
-        self.queue = RangeSet()
-        self.current: int | None = None
-        self.started = 0.0
-        self.done = RangeSet()
+        self.queue = RangeSet()  # claimed, not yet in hand
+        self.hand: tuple[int, int] | None = None  # the range the user's loop runs now
+        self.done = RangeSet()  # finished, not yet reported
         self.results: list[tuple[int, Result]] = []
-        self.failed: list[tuple[int, str]] = []  # tasks that raised, for the master to retry or record
-        self.oldest_done = math.inf
-        self.asked = False
-        self.asked_at = 0.0
-        self.final = False
-        self.left = False
-        self._last_want = 1
-        self.task_times = Summary()
-        self.requests = RequestTimes()
+        self.failed: list[TaskFailure] = []
+        self.oldest = math.inf  # when the oldest unreported completion was recorded
+        self.state = State.RUN
+        self.task_times = Summary(11)
+        self.tasks = 0  # tasks since the last report, and their seconds
+        self.busy = 0.0
+        self.claims = RequestTimes()
+        self.wait_started: float | None = None  # since when the user's loop has been waiting for ids
 
-    # -- the user's loop -------------------------------------------------------------
-    def finish(self, now: float, result: Result | None = None) -> None:
-        """Record the current task (if any) as finished at ``now``, with an optional result (a float or a tuple of floats)."""
-        tid = self.current
-        if tid is None:
-            return
-        self.current = None
-        self.task_times.add(now - self.started)
-        self.done.add(tid, tid + 1)
-        if result is not None:
-            self.results.append((tid, result))
-        if self.oldest_done == math.inf:
-            self.oldest_done = now
+    # -- the user's loop ------------------------------------------------------------------
+    def ran(self, done: Ranges, results: tuple[tuple[int, Result], ...], failed: tuple[TaskFailure, ...],
+            tasks: int, busy: float, longest: float, now: float) -> None:
+        """Record what the user's loop finished; the hand shrinks past it."""
+        if done:
+            self.done.add_ranges(done)
+        if results:
+            self.results.extend(results)
+        if failed:
+            self.failed.extend(failed)
+        if done or failed:
+            if self.oldest == math.inf:
+                self.oldest = now
+            if self.hand is not None:
+                # What ran came from the front of the hand; the rest is still to run.
+                last = max([b for _, b in done] + [f.id + 1 for f in failed])
+                lo, hi = self.hand
+                self.hand = (last, hi) if last < hi else None
+        if tasks:
+            self.tasks += tasks
+            self.busy += busy
+            if tasks == 1:
+                self.task_times.add(busy)
+            else:
+                self.task_times.add_many(busy / tasks, tasks, longest)
 
-    def fail(self, now: float, info: str) -> None:
-        """The current task raised: report it (``info``: the error, rank and host) instead of a completion."""
-        tid = self.current
-        if tid is None:
-            return
-        self.current = None
-        self.failed.append((tid, info))
-        if self.oldest_done == math.inf:
-            self.oldest_done = now
+    def refill(self, mem: Memory | None, now: float) -> Claim | None:
+        """Put the next range in hand: from the queue, else claimed from the parent's board.
 
-    def holding(self) -> RangeSet:
-        """Ids this worker holds: queued, running, finished but not yet reported."""
-        held = self.queue.copy()
-        held.add_ranges(self.done.ranges())
-        if self.current is not None:
-            held.add(self.current, self.current + 1)
-        for tid, _ in self.failed:
-            held.add(tid, tid + 1)
-        return held
-
-    def want(self) -> int:
-        """Return how many ids the next request asks for."""
-        if self.chunk:
-            return self.chunk
-        if self.task_times.n == 0:
-            return 1
-        return auto_chunk(self.task_times.mean, self.chunk_target, self.max_chunk)
-
-    def next(self, now: float) -> tuple[int, list[Out]]:
-        """Return ``(id | WAIT | END, messages to send)`` for the user's next call."""
-        outs: list[Out] = []
-        if self.queue:
-            tid = self.queue.pop()
-            self.current = tid
-            self.started = now
-            if not self.asked and not self.final and len(self.queue) < self._last_want // 2:
-                # Cheap tasks (batches > 1): ask for the next batch before this one runs out.
-                outs.append(self._request(now, self.want()))
-            elif (self.done or self.failed) and (
-                len(self.done) >= self.report_every or now - self.oldest_done >= self.report_age
-            ):
-                outs.append(Out(self.parent, self._drain_report(0)))
-            return tid, outs
-        if self.final:
-            if self.done or self.failed:  # cannot happen with a sane parent; never drop a completion
-                outs.append(Out(self.parent, self._drain_report(0)))
-            return END, outs
-        if not self.asked:
-            outs.append(self._request(now, self.want()))
-        elif self.done or self.failed:
-            # A request is outstanding and may wait for these very completions (the
-            # parent finishes the job only when everything granted is committed).
-            outs.append(Out(self.parent, self._drain_report(0)))
-        return WAIT, outs
-
-    def leave(self, now: float, again: bool = False) -> list[Out]:
-        """Give back unstarted ids and report what is done: the user left the loop early.
-
-        ``again=True`` returns ids of a grant that crossed the first leaving report.
+        Returns the claim made (None when the queue had ids or no board was given). The
+        caller reads :attr:`hand` and :attr:`state`.
         """
-        if (self.left and not again) or (self.final and not self.queue and not self.done):
-            self.left = True
-            return []
-        self.left = True
-        returned = self.queue.ranges()
+        if self.hand is not None:
+            return None
+        if self.queue:
+            self.hand = self.queue.pop_range()
+            self.state = State.RUN
+            return None
+        if mem is None or self.state in (State.END, State.LEFT):
+            return None
+        if self.wait_started is None:
+            self.wait_started = now
+        clock = self.clock
+        t0 = clock() if clock is not None else now
+        claim = self.claimer.claim(mem)
+        status = claim.status
+        if status == "ids":
+            t1 = clock() if clock is not None else now
+            self.hand = (claim.start, claim.stop)
+            self.state = State.RUN
+            self.claims.add_parts(t1 - self.wait_started, t1 - t0)
+            self.wait_started = None
+        elif status == "final":
+            self.state = State.END
+            self.wait_started = None
+        elif status != "lost":  # "wait", "closed", "stale": try again after the next look at messages
+            self.state = State.WAIT
+        return claim
+
+    def leave(self, unstarted: Ranges, now: float) -> Report:
+        """The user's loop left early: everything not run goes back; the report to send."""
+        self.state = State.LEFT
+        back = self.queue
+        back.add_ranges(unstarted)
         self.queue = RangeSet()
-        report = self._drain_report(0)
-        return [Out(self.parent, Report(report.done, report.results, 0, returned, True, failed=report.failed,
-                                                task_max=report.task_max))]
+        self.hand = None
+        return self.report(now, returned=back.ranges(), leaving=True)
 
-    # -- the parent's answers --------------------------------------------------------
-    def on_grant(self, grant: Grant, now: float) -> None:
-        """Take a grant: queue its ids, note a final one, and time the request."""
-        if self.asked:
-            self.requests.add(now - self.asked_at, grant.residence, grant.dispose)
-        self.asked = False
-        self.queue.add_ranges(grant.ids)
-        if grant.final:
-            self.final = True
+    # -- reporting -----------------------------------------------------------------------------
+    def report_due(self, now: float) -> bool:
+        """Whether the batch of finished ids should go to the parent now."""
+        if not (self.done or self.failed or self.tasks):
+            return False
+        if self.state is not State.RUN or (self.hand is None and not self.queue):
+            return True  # nothing to run here: the parent may wait for these to end the job
+        return len(self.done) >= self.report_every or now - self.oldest >= self.report_age
 
-    # -- internals ---------------------------------------------------------------------
-    def _request(self, now: float, want: int) -> Out:
-        self._last_want = want
-        self.asked = True
-        self.asked_at = now
-        return Out(self.parent, self._drain_report(want))
-
-    def _drain_report(self, want: int) -> Report:
-        # A request carries this rank's measurements for the planner (what Station._stamp
-        # puts there; made here once so the Station need not rebuild the report).
+    def report(self, now: float, returned: Ranges = (), leaving: bool = False) -> Report:
+        """The batch as a report (and the batch starts anew)."""
         times = self.task_times
-        longest = times.hi if times.n else 0.0
-        if want:
-            report = Report(self.done.ranges(), tuple(self.results), want, (), False, 0, False,
-                            times.mean if times.n else 0.0,
-                            self.requests.message.mean if self.requests.message.n else 0.0,
-                            tuple(self.failed), longest)
-        else:
-            report = Report(self.done.ranges(), tuple(self.results), want, failed=tuple(self.failed), task_max=longest)
+        report = Report(self.done.ranges(), tuple(self.results), returned, tuple(self.failed), (), leaving,
+                        tasks=self.tasks, busy=self.busy, task_max=times.hi if times.n else 0.0)
         self.done = RangeSet()
         self.results = []
         self.failed = []
-        self.oldest_done = math.inf
+        self.oldest = math.inf
+        self.tasks = 0
+        self.busy = 0.0
         return report
+
+    def holding(self) -> RangeSet:
+        """Every id this worker holds: queued, in hand, finished or failed but not yet reported."""
+        held = self.queue.copy()
+        held.add_ranges(self.done.ranges())
+        if self.hand is not None:
+            held.add(*self.hand)
+        for f in self.failed:
+            held.add(f.id, f.id + 1)
+        return held
+
+    def reparent(self, parent: int, slots: int, epoch: int) -> None:
+        """Claim from ``parent``'s board in ``epoch`` from now on (a plan change, or the old parent died)."""
+        c = self.claimer
+        if parent != self.parent or c.slots != slots or c.epoch != epoch:
+            self.parent = parent
+            self.claimer = Claimer(self.rank, slots, epoch)  # (a ticket on the old board is given up)
+        if self.state is State.WAIT:
+            self.state = State.RUN

@@ -18,6 +18,9 @@ HDF5 layout (format ``FORMAT_VERSION`` = 1)::
     /result_ids     (R,)   int64   ids that have a result; each lies in a completed range
     /result_values  (R,) or (R, W) float64  result of result_ids[i] (W numbers per task
                                     when the app declares W result fields)
+    /failed         (F,) compound  tasks recorded failed (not committed): id, kind ("raised",
+                                    "died", "timeout"), attempts, rank, host, error, traceback;
+                                    absent in files written before it existed (read as empty)
 
 Crash safety: :func:`write` builds the file under a temporary name in the same directory
 (``<name>.tmp-<pid>-<n>``), fsyncs it, ``os.replace``-s it over the target and fsyncs the
@@ -46,6 +49,8 @@ import numpy as np
 import numpy.typing as npt
 
 from nlevel.errors import CheckpointError
+from nlevel.roles.ledger import Ledger
+from nlevel.roles.messages import TaskFailure
 
 __all__ = ["FORMAT_VERSION", "RunMeta", "Snapshot", "fingerprint", "load", "read", "write",
            "Writer"]
@@ -88,6 +93,7 @@ class Snapshot:
     completed: np.ndarray      # (K, 2) int64, sorted, disjoint, non-adjacent [start, stop)
     result_ids: np.ndarray     # (R,) int64 ids that have a result, each in a completed range
     result_values: np.ndarray  # (R,) or (R, W) float64, result_values[i] belongs to result_ids[i]
+    failed: tuple[TaskFailure, ...] = ()  # tasks recorded failed, none of them completed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "completed", _coerce(self.completed, np.int64, (0, 2)))
@@ -99,6 +105,14 @@ class Snapshot:
         """Number of completed ids (sum of range lengths)."""
         c = self.completed
         return int((c[:, 1] - c[:, 0]).sum()) if c.ndim == 2 and c.shape[1:] == (2,) else 0
+
+    def ledger(self, total: int, width: int = 1) -> Ledger:
+        """A ledger holding what this snapshot records (for resuming, or a new master)."""
+        led = Ledger(total, map(tuple, self.completed.tolist()), self.result_ids.tolist(),
+                     self.result_values.ravel().tolist(), width=width)
+        for f in self.failed:
+            led.fail(f)
+        return led
 
     @staticmethod
     def empty() -> Snapshot:
@@ -205,6 +219,24 @@ def _move_aside(path: Path) -> Path:
     raise AssertionError("unreachable")
 
 
+_STR = h5py.string_dtype()
+_FAILED = np.dtype([("id", np.int64), ("kind", _STR), ("attempts", np.int64), ("rank", np.int64),
+                    ("host", _STR), ("error", _STR), ("traceback", _STR)])
+
+
+def _failed_array(failed: tuple[TaskFailure, ...]) -> np.ndarray:
+    return np.array([(f.id, f.kind, f.attempts, f.rank, f.host, f.error, f.traceback) for f in failed], dtype=_FAILED)
+
+
+def _text(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _read_failed(rows: np.ndarray) -> tuple[TaskFailure, ...]:
+    return tuple(TaskFailure(int(r["id"]), _text(r["kind"]), _text(r["error"]), int(r["rank"]), _text(r["host"]),
+                             _text(r["traceback"]), int(r["attempts"])) for r in rows)
+
+
 def _read(path: Path) -> tuple[RunMeta, Snapshot, dict[str, Any]]:
     corrupt = (f"checkpoint {path} is corrupt or truncated; run with --fresh to start over "
                f"(the old file is kept aside)")
@@ -228,7 +260,8 @@ def _read(path: Path) -> tuple[RunMeta, Snapshot, dict[str, Any]]:
                            str(a["plan"]), str(a["version"]))
             extra = {"format": fmt, "created": str(a["created"]), "updated": str(a["updated"]),
                      "n_completed": int(a["n_completed"])}
-            snap = Snapshot(f["completed"][()], f["result_ids"][()], f["result_values"][()])
+            failed = _read_failed(f["failed"][()]) if "failed" in f else ()
+            snap = Snapshot(f["completed"][()], f["result_ids"][()], f["result_values"][()], failed)
     except CheckpointError:
         raise
     except Exception as e:  # h5py raises OSError, KeyError, ValueError, ... on damage
@@ -348,6 +381,7 @@ def write(path: str | os.PathLike[str], meta: RunMeta, snap: Snapshot) -> None:
             f.create_dataset("completed", data=snap.completed)
             f.create_dataset("result_ids", data=snap.result_ids)
             f.create_dataset("result_values", data=snap.result_values)
+            f.create_dataset("failed", data=_failed_array(snap.failed))
         _fsync(tmp)
         os.replace(tmp, p)
     except BaseException as e:

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from .._version import __version__
 from ..config import SETTINGS, Config, parse_setting
 from ..errors import AppError, ConfigError, NlevelError
+from ..roles.messages import TaskFailure
 from .app import App, load_app
 from . import signals
 
@@ -151,12 +152,11 @@ def _prepare(argv: Sequence[str] | None) -> tuple[App, argparse.Namespace, int, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the farm; return the exit status (0 only when every task is committed)."""
-    from mpi4py import MPI
-
     from ..api import Farm
+    from . import transport
     from .report import format_summary, write_json
 
-    world = MPI.COMM_WORLD
+    world = transport.world()
     rank = world.Get_rank()
     problem: str | None = None
     try:
@@ -188,10 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for task_id in farm:
                 try:
                     result = app.do_job(task_id)
-                except Exception:
+                except Exception as exc:
                     if on_error == "abort":
                         raise
-                    farm.fail(_task_error(task_id, rank))  # retried elsewhere, or recorded failed
+                    farm.fail(_task_error(task_id, rank, exc))  # retried elsewhere, or recorded failed
                     continue
                 if result is not None:
                     farm.complete(result)
@@ -221,18 +221,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Every rank ends with the worst status any rank saw; no rank waits on one that failed alone.
     if farm is not None and farm.failed:
         status = farm.agree_status(status)  # over the survivors
-        farm._exit_code = status  # the process ends with os._exit (MPI_Finalize may hang after failures)
+        farm.set_exit_code(status)  # the process ends with os._exit (MPI_Finalize may hang after failures)
         return status
-    return int(world.allreduce(status, op=MPI.MAX))
+    return transport.allreduce_max(world, status)
 
 
-def _task_error(task_id: int, rank: int) -> str:
+def _task_error(task_id: int, rank: int, exc: BaseException) -> TaskFailure:
     """The error of a task that raised, with where it ran, for the report (the last 20 traceback lines)."""
+    from .rank import task_failure
     from .transport import host
 
-    exc = sys.exc_info()[1]
-    text = "".join(traceback.format_exc().splitlines(keepends=True)[-20:])
-    return f"task {task_id} on rank {rank} ({host()}): {type(exc).__name__}: {exc}\n{text}"
+    return task_failure(task_id, rank, host(), exc, traceback.format_exc())
 
 
 def _finish_app(app: App, farm: Any, options: argparse.Namespace) -> int:
@@ -256,9 +255,7 @@ def _entry() -> None:
     except SystemExit:
         raise
     except BaseException:
-        from mpi4py import MPI
-
-        from .transport import host
+        from .transport import host, world
 
         from ..config import Config
 
@@ -266,7 +263,7 @@ def _entry() -> None:
             ft = Config.from_env().ft
         except NlevelError:
             ft = False
-        sys.stderr.write(f"nlevel: rank {MPI.COMM_WORLD.Get_rank()} on {host()}: unhandled error; "
+        sys.stderr.write(f"nlevel: rank {world().Get_rank()} on {host()}: unhandled error; "
                          f"{'killing this process' if ft else 'aborting the job'}\n")
         traceback.print_exc()
         sys.stderr.flush()
@@ -274,7 +271,7 @@ def _entry() -> None:
             from .transport import kill_self
 
             kill_self()
-        MPI.COMM_WORLD.Abort(1)
+        world().Abort(1)
         raise
     sys.exit(code)
 

@@ -101,7 +101,8 @@ def build_report(
         "complete": ledger.complete(),
         "failures": failures or [],
         "failed_tasks": [
-            {"id": tid, "attempts": n, "error": info} for tid, (n, info) in sorted(ledger.failed.items())
+            {"id": f.id, "kind": f.kind, "attempts": f.attempts, "rank": f.rank, "host": f.host, "error": f.error,
+             "traceback": f.traceback} for _, f in sorted(ledger.failed.items())
         ],
         "tasks": {"run": tasks.n, **tasks.to_dict(1e3)},
         "task_time_sum_s": busy,
@@ -172,18 +173,22 @@ def format_summary(report: dict[str, Any]) -> str:
     for name, parts in report["requests"].items():
         if parts["total"].get("count"):
             lines.append(
-                f"  requests from {name}s: {parts['total']['count']}, mean {parts['total']['mean']:.3f} ms "
-                f"= message {parts['message']['mean']:.3f} x2 + wait {parts['wait']['mean']:.3f} "
-                f"+ dispose {parts['dispose']['mean']:.3f} ms"
+                f"  requests from {name}s: {parts['total']['count']}, p50 {parts['total']['p50'] * 1e3:.1f} us, "
+                f"mean {parts['total']['mean'] * 1e3:.1f} us = claim {parts['message']['mean'] * 1e3:.1f} "
+                f"+ wait {parts['wait']['mean'] * 1e3:.1f} + dispose {parts['dispose']['mean'] * 1e3:.1f} us"
             )
     if report.get("failures"):
         lines.append(f"  survived {len(report['failures'])} process failure(s): " + ", ".join(
             f"rank {f['rank']} ({f['role']}, {f['requeued']} requeued, recovered in {f['recovery_ms']} ms)"
             for f in report["failures"][:5]) + (" ..." if len(report["failures"]) > 5 else ""))
-    if report.get("failed_tasks"):
-        first = report["failed_tasks"][0]
-        lines.append(f"  {len(report['failed_tasks'])} task(s) failed after {first['attempts']} attempt(s); "
-                     f"first: {first['error'].strip().splitlines()[0] if first['error'].strip() else '?'}")
+    failed = report.get("failed_tasks") or []
+    if failed:
+        lines.append(f"  {len(failed)} task(s) FAILED (recorded in the checkpoint's /failed; --retry-failed runs them):")
+        for f in failed[:20]:
+            where = f" on rank {f['rank']}" + (f" ({f['host']})" if f.get("host") else "") if f.get("rank", -1) >= 0 else ""
+            lines.append(f"    task {f['id']} {f['kind']}{where} after {f['attempts']} attempt(s): {f['error']}")
+        if len(failed) > 20:
+            lines.append(f"    ... and {len(failed) - 20} more (see the report's failed_tasks)")
     if not report["complete"]:
         why = " (stopped by SIGUSR1; the same command resumes)" if report.get("stopped") else ""
         lines.append(f"  INCOMPLETE: {report['total'] - report['committed']} tasks not committed{why}")

@@ -16,13 +16,14 @@ from typing import Any
 
 from mpi4py import MPI
 
-from ..roles.messages import Failed, Message, Tag, decode, encode
+from ..roles.events import Died
+from ..roles.messages import Message, decode, encode
 from .backoff import Backoff
 
 # Error classes of a dead peer under ULFM (MPI_ERR_PROC_FAILED, _PENDING, MPI_ERR_REVOKED).
 _FAILURE_CLASSES = {getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED") if hasattr(MPI, n)}
 
-__all__ = ["Transport", "world", "comm_key", "abort", "host", "kill_self"]
+__all__ = ["Transport", "world", "comm_key", "abort", "host", "kill_self", "allreduce_max"]
 
 
 def world() -> MPI.Comm:
@@ -33,6 +34,11 @@ def world() -> MPI.Comm:
 def comm_key(comm: Any) -> int:
     """Return a key identifying ``comm`` (to find the farm running on it)."""
     return int(MPI._handleof(comm))
+
+
+def allreduce_max(comm: Any, value: int) -> int:
+    """The largest ``value`` over the ranks of ``comm`` (collective)."""
+    return int(comm.allreduce(value, op=MPI.MAX))
 
 
 def abort(code: int = 1) -> None:
@@ -67,7 +73,7 @@ class Transport:
         self.poll_max = poll_max
         self._sends: list[MPI.Request] = []
         self._status = MPI.Status()
-        self.ft = False  # set by the farm: report dead peers as Failed events instead of raising
+        self.ft = False  # set by the farm: report dead peers as Died events instead of raising
         self.failed: set[int] = set()
         self.places: list[tuple[str, int]] = []  # (host, pid) of every rank, under fault tolerance
 
@@ -81,7 +87,7 @@ class Transport:
         self.ft = True
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
 
-    def _dead(self, exc: Exception) -> Failed | None:
+    def _dead(self, exc: Exception) -> Died | None:
         """After an MPI error: acknowledge and return the newly dead ranks (None if there are none)."""
         if not self.ft:
             raise exc
@@ -98,7 +104,7 @@ class Transport:
                 raise exc
             return None
         self.failed.update(new)
-        return Failed(tuple(new))
+        return Died(tuple(new))
 
     def kill(self, rank: int) -> bool:
         """SIGKILL ``rank`` if it runs on this host (a hung process; MPI then reports it dead); return whether done."""
@@ -130,10 +136,11 @@ class Transport:
         if len(self._sends) >= 32:
             self._reap()
 
-    def poll(self) -> tuple[int, Message] | None:
+    def poll(self) -> tuple[int, Message] | Died | None:
         """Return ``(source, message)`` if one is waiting, else None.
 
-        Under fault tolerance, dead peers come back as ``(-1, Failed(ranks))``.
+        Under fault tolerance, newly dead peers come back as :class:`~nlevel.roles.events.Died`.
+        Replies of the two-sided board fallback are left for the rank that waits for them.
         """
         status = self._status
         try:
@@ -143,19 +150,8 @@ class Transport:
             src, tag = status.Get_source(), status.Get_tag()
             payload = m.recv()
         except MPI.Exception as exc:
-            failed = self._dead(exc)
-            return (-1, failed) if failed is not None else None
+            return self._dead(exc)
         return src, decode(tag, payload)
-
-    def wait_grant(self, parent: int) -> Message:
-        """Block (with backoff, never spinning) until ``parent``'s next grant arrives."""
-        backoff = Backoff(self.poll_max)
-        status = MPI.Status()
-        while True:
-            m = self.comm.improbe(parent, Tag.GRANT, status)
-            if m is not None:
-                return decode(Tag.GRANT, m.recv())
-            backoff.wait()
 
     @property
     def thread_multiple(self) -> bool:
@@ -193,12 +189,20 @@ class Transport:
         t._sends, t._status, t.ft, t.failed, t.places = [], MPI.Status(), True, set(), []
         return t
 
-    def idle_barrier(self) -> None:
-        """A barrier that waits asleep (backing off to 50 ms), so early finishers leave the cores to the others."""
+    def idle_barrier(self, step: Any = None) -> None:
+        """A barrier that waits asleep (backing off to 1 ms), so early finishers leave the cores to the others.
+
+        ``step()`` is called meanwhile (it returns whether anything arrived): a server whose
+        children reach their boards by messages (the two-sided fallback) answers until the last
+        child has seen the end.
+        """
         req = self.comm.Ibarrier()
-        backoff = Backoff(0.05)
+        backoff = Backoff(1e-3)
         while not req.Test():
-            backoff.wait()
+            if step is not None and step():
+                backoff.reset()
+            else:
+                backoff.wait()
 
     def end_together(self, step: Any) -> None:
         """Under fault tolerance: wait until every live rank has got here, calling ``step()`` meanwhile.
@@ -257,6 +261,26 @@ class Transport:
     def any(self, flag: bool) -> bool:
         """Return whether ``flag`` is true on any rank."""
         return bool(self.comm.allreduce(bool(flag), op=MPI.LOR))
+
+    def max_ints(self, values: list[int]) -> list[int]:
+        """The elementwise maximum of ``values`` over all ranks (several questions in one collective)."""
+        return self._ints(values, MPI.MAX)
+
+    def sum_ints(self, values: list[int]) -> list[int]:
+        """The elementwise sum of ``values`` over all ranks."""
+        return self._ints(values, MPI.SUM)
+
+    def _ints(self, values: list[int], op: Any) -> list[int]:
+        import numpy as np
+
+        buf = np.array(values, np.int64)
+        out = np.empty_like(buf)
+        self.comm.Allreduce(buf, out, op=op)
+        return [int(v) for v in out]
+
+    def bits(self, mask: int) -> int:
+        """Return the OR of ``mask`` over all ranks (several yes/no questions in one collective)."""
+        return int(self.comm.allreduce(int(mask), op=MPI.BOR))
 
     def close(self) -> None:
         """Complete pending sends and free the private communicator (after failures: neither can be trusted)."""

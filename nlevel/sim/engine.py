@@ -38,7 +38,7 @@ from ..roles.dispatch import Region
 from ..roles.ledger import Ledger
 from ..roles.messages import Grant, Message
 from ..roles.station import Station
-from ..roles.worker import END, WAIT, Out
+from ..roles.worker import WAIT
 from ..stats import PARTS, RequestTimes, Summary
 
 __all__ = ["SimClock", "EngineResult", "Engine", "SimStalled", "LeanSummary"]

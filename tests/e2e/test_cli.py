@@ -14,7 +14,7 @@ import pytest
 
 import nlevel.runtime.checkpoint as ckpt
 
-from ..conftest import BIN, ROOT
+from ..conftest import BIN
 
 APP = "tests.apps.logging_app"
 

@@ -228,8 +228,8 @@ def test_auto_plan_and_forced_switches_run_every_id_once(force, mpi_tmp_path):
             time.sleep(0.0005)
             ran.append(tid)
             farm.complete(float(tid))
-            if second and comm.rank == 0 and farm.committed and farm.committed > 900 and farm._node.station.planner.force is None:
-                farm._node.station.planner.force = __import__("nlevel.model.plan", fromlist=["x"]).parse_force(second)
+            if second and comm.rank == 0 and farm.committed and farm.committed > 900 and farm._rt.station.planner.force is None:
+                farm._rt.station.planner.force = __import__("nlevel.model.plan", fromlist=["x"]).parse_force(second)
     ok = exactly_once(ran, set(range(1500)))
     if comm.rank == 0:
         r = farm.report

@@ -148,3 +148,13 @@ def test_plan_cli_json_keys():
 def test_plan_cli_bad_input(args, message):
     proc = plan_cli(*args)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 9, 29, 99, 499])
+def test_the_hand_written_chi_square_matches_scipy(k):
+    from scipy import stats
+
+    from nlevel.model.queueing import chi2_cdf
+
+    for x in [0.0, 1e-6, 0.1, 0.5 * k, k - 1, k, k + 1, 2.0 * k, 5.0 * k + 30]:
+        assert chi2_cdf(x, k) == pytest.approx(float(stats.chi2.cdf(x, k)), abs=1e-12, rel=1e-10)

@@ -1,0 +1,430 @@
+"""A server's board: the ids it offers its children, taken with one-sided atomic operations.
+
+Pure Python + numpy: the algorithms here run against a :class:`Memory` of int64 words,
+which the runtime backs with an MPI window (:mod:`nlevel.runtime.window`), and the
+simulator, the tests and the two-sided fallback with a local array (:class:`LocalMemory`).
+
+Layout of one board (``K`` slots)::
+
+    word 0      HEAD   tickets handed out (low 40 bits; a claimer fetch-and-adds it) and
+                       the board's epoch (the bits above: the plan it serves)
+    word 1      TAIL   tickets published so far, with the FINAL and CLOSED flags
+    word 2..3   (reserved)
+    word 4..    the ring: slot ``t % K`` holds ticket ``t``
+
+A slot holds EMPTY, a published range of ids packed into one word, or the marker of
+the rank that claimed it. The protocol:
+
+* **Publish** (owner). The owner writes ranges into EMPTY slots at tickets
+  ``tail, tail + 1, ...`` and then raises TAIL.
+* **Claim** (a child, or the owner's own worker). ``t = fetch_add(HEAD, 1)`` gives the
+  claimer ticket ``t``; it reads slot ``t % K`` and, if it holds a range, swaps in its
+  marker with compare-and-swap. A claim is conditional on the exact range read, so no
+  interleaving can give one range to two claimers or overwrite another's marker.
+* **Scan** (owner). Slots below ``min(HEAD, TAIL)`` that hold a marker are attributed
+  to that rank (the owner then knows exactly what each child holds, which is what it
+  must take back if the child dies) and emptied for the next lap.
+* **Limbo.** A ticket whose slot still holds its range although HEAD has passed it was
+  fetched but not yet swapped: its claimer is between its two operations (a few µs),
+  or died there. The owner may take such a range back at any time with compare-and-swap
+  (:meth:`Owner.reclaim`): whichever of the two swaps comes first wins, so nothing is
+  lost or doubled; a claimer that loses simply claims again.
+* **Epochs.** A board serves one epoch of the plan at a time; its owner raises the
+  epoch in HEAD when it starts serving a new one. A claimer compares the epoch its
+  fetch-and-add returned with its own: a claimer behind (it has not switched plans
+  yet) or ahead (the owner has not) gives its ticket up (``"stale"``) and looks at its
+  messages; the ticket, never swapped, ends in limbo and is taken back.
+* **Final / closed.** FINAL in TAIL: nothing will ever be published again (a claimer
+  whose slot is EMPTY is done). CLOSED: this board is being retired (the plan changed);
+  a claimer looks for its new parent.
+
+A range is packed as ``start << LEN_BITS | length`` (ids below 2**42, up to 2**20 - 1 ids
+per slot); EMPTY is -1 and the marker of rank ``r`` is ``-2 - r``: every packed range is
+>= 0, every other value negative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+__all__ = [
+    "HEAD", "TAIL", "HEADER", "FINAL", "CLOSED", "EMPTY", "LEN_BITS", "MAX_ID", "MAX_LEN", "TICKET_BITS",
+    "marker", "pack", "unpack", "words",
+    "Memory", "LocalMemory", "Claim", "Claimer", "Owner",
+]
+
+HEAD = 0
+TAIL = 1
+HEADER = 4  # words before the ring
+FINAL = 1 << 62
+CLOSED = 1 << 61
+_FLAGS = FINAL | CLOSED
+EMPTY = -1
+LEN_BITS = 20
+MAX_LEN = (1 << LEN_BITS) - 1
+MAX_ID = 1 << 42
+TICKET_BITS = 40
+_TICKETS = (1 << TICKET_BITS) - 1
+
+
+def marker(rank: int) -> int:
+    """The value a claim by ``rank`` leaves in a slot (negative, distinct from EMPTY)."""
+    return -2 - rank
+
+
+def pack(start: int, length: int) -> int:
+    """One slot's value for the ids ``[start, start + length)``."""
+    return (start << LEN_BITS) | length
+
+
+def unpack(value: int) -> tuple[int, int]:
+    """``(start, stop)`` of a packed range."""
+    start = value >> LEN_BITS
+    return start, start + (value & MAX_LEN)
+
+
+def words(slots: int) -> int:
+    """Words one board of ``slots`` slots takes."""
+    return HEADER + slots
+
+
+class Memory(Protocol):
+    """Atomic operations on the int64 words of one board (each atomic per word)."""
+
+    def fetch_add(self, index: int, n: int) -> int:
+        """Add ``n`` to word ``index``; return its value before."""
+
+    def read(self, index: int, count: int) -> np.ndarray:
+        """Return a copy of ``count`` words from ``index``."""
+
+    def write(self, index: int, values: np.ndarray) -> None:
+        """Store ``values`` at ``index``, ``index + 1``, ..."""
+
+    def cas(self, index: int, expected: int, new: int) -> int:
+        """Compare-and-swap word ``index``; return its value before."""
+
+
+class LocalMemory:
+    """A board's words in a local numpy array (tests, the simulator, the two-sided fallback).
+
+    Args:
+        slots: Ring slots.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.words = np.zeros(words(slots), np.int64)
+        self.words[HEADER:] = EMPTY
+
+    def fetch_add(self, index: int, n: int) -> int:
+        old = int(self.words[index])
+        self.words[index] = old + n
+        return old
+
+    def read(self, index: int, count: int) -> np.ndarray:
+        return self.words[index : index + count].copy()
+
+    def write(self, index: int, values: np.ndarray) -> None:
+        self.words[index : index + len(values)] = values
+
+    def cas(self, index: int, expected: int, new: int) -> int:
+        old = int(self.words[index])
+        if old == expected:
+            self.words[index] = new
+        return old
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What one claim got.
+
+    Attributes:
+        start, stop: The ids ``[start, stop)`` (empty when ``start == stop``).
+        status: ``"ids"``; ``"lost"`` (the ticket yielded nothing: claim again);
+            ``"wait"`` (nothing published for the ticket yet: take it again later);
+            ``"final"`` (nothing will ever come from this board); ``"closed"`` (this board
+            is retired: the claimer's parent changed); ``"stale"`` (the board serves
+            another epoch than the claimer's).
+    """
+
+    start: int
+    stop: int
+    status: str
+
+
+_WAIT = Claim(0, 0, "wait")
+_LOST = Claim(0, 0, "lost")
+_FINAL = Claim(0, 0, "final")
+_CLOSED = Claim(0, 0, "closed")
+_STALE = Claim(0, 0, "stale")
+
+
+class Claimer:
+    """One rank's claims on one board: at most one ticket outstanding.
+
+    Args:
+        rank: The claiming rank (its marker goes into the slots it takes).
+        slots: The board's ring size.
+        epoch: The plan epoch the claimer is in.
+    """
+
+    __slots__ = ("mark", "slots", "epoch", "ticket", "claims", "lost")
+
+    def __init__(self, rank: int, slots: int, epoch: int = 0) -> None:
+        self.mark = marker(rank)
+        self.slots = slots
+        self.epoch = epoch
+        self.ticket = -1  # the ticket held and not yet taken (-1: none)
+        self.claims = 0
+        self.lost = 0
+
+    def claim(self, mem: Memory) -> Claim:
+        """Take the next range: a new ticket, or the one still waiting."""
+        if self.ticket < 0:
+            raw = mem.fetch_add(HEAD, 1)
+            self.claims += 1
+            if raw >> TICKET_BITS != self.epoch:
+                self.lost += 1
+                return _STALE  # (the ticket is given up: the owner takes it back from limbo)
+            self.ticket = raw & _TICKETS
+        return self._take(mem)
+
+    def _take(self, mem: Memory) -> Claim:
+        t = self.ticket
+        index = HEADER + t % self.slots
+        value = int(mem.read(index, 1)[0])
+        if value == EMPTY:
+            tail = int(mem.read(TAIL, 1)[0])
+            if tail & _FLAGS and int(mem.read(HEAD, 1)[0]) >> TICKET_BITS != self.epoch:
+                self.ticket = -1  # the flag is a newer epoch's: this claimer has not switched yet
+                self.lost += 1
+                return _STALE
+            if tail & CLOSED:
+                return _CLOSED
+            if (tail & ~_FLAGS) <= t:
+                return _FINAL if tail & FINAL else _WAIT  # (ticket kept for the next try)
+            value = int(mem.read(index, 1)[0])  # published just after the first read?
+            if value == EMPTY:
+                self.ticket = -1  # taken back by the owner: claim anew
+                self.lost += 1
+                return _FINAL if tail & FINAL else _LOST
+        if value < 0:  # another's marker: a stale ticket (the ring went round)
+            self.ticket = -1
+            self.lost += 1
+            return _LOST
+        if mem.cas(index, value, self.mark) != value:
+            self.ticket = -1  # the owner took it back between our read and our swap
+            self.lost += 1
+            return _LOST
+        self.ticket = -1
+        start, stop = unpack(value)
+        return Claim(start, stop, "ids")
+
+    def abandon(self) -> int:
+        """Give up the ticket still waiting (the claimer leaves this board); return it, or -1."""
+        t, self.ticket = self.ticket, -1
+        return t
+
+
+class Owner:
+    """The owner's side of its board: publishing, attributing claims, taking ranges back.
+
+    Everything the owner knows lives here, in local memory; the board holds only what
+    claimers need. What a call learns goes to two outboxes the caller empties:
+    :attr:`claimed` (``(rank, start, stop)``: that rank took those ids) and
+    :attr:`returned` (ranges taken back from the board: the owner's again).
+
+    Args:
+        slots: Ring size.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.epoch = 0
+        self.slots = slots
+        self.pub = np.full(slots, EMPTY, np.int64)  # the packed range published in each slot
+        self.tail = 0  # next ticket to publish
+        self.scanned = 0  # tickets below are attributed, taken back, or in limbo
+        self.limbo: dict[int, float] = {}  # ticket -> when first seen fetched but not swapped
+        self.flags = 0
+        self.head = 0  # HEAD as the last scan read it
+        self.on_board = 0  # ids published and not yet claimed or taken back
+        self.claimed: list[tuple[int, int, int]] = []
+        self.returned: list[tuple[int, int]] = []
+
+    @property
+    def waiting(self) -> int:
+        """Tickets fetched beyond what is published (at the last scan): claimers waiting for ids."""
+        return max(0, self.head - self.tail)
+
+    @property
+    def unclaimed_slots(self) -> int:
+        """Published slots no ticket had reached at the last scan."""
+        return max(0, self.tail - max(self.head, self.scanned))
+
+    def start(self, mem: Memory, epoch: int) -> None:
+        """Start serving epoch ``epoch`` on a board whose words may hold an earlier owner's state.
+
+        Ticket numbers go on from what HEAD and TAIL hold; the epoch bits of HEAD are
+        raised (compare-and-swap against claimers' fetch-and-adds) and CLOSED goes down.
+        """
+        self.epoch = epoch
+        while True:
+            raw = int(mem.read(HEAD, 1)[0])
+            if mem.cas(HEAD, raw, (epoch << TICKET_BITS) | (raw & _TICKETS)) == raw:
+                break
+        tail = int(mem.read(TAIL, 1)[0]) & ~_FLAGS
+        start = max(raw & _TICKETS, tail)
+        self.tail = self.scanned = self.head = start
+        self.flags = 0
+        self.pub[:] = EMPTY
+        self.limbo.clear()
+        self.on_board = 0
+        mem.write(TAIL, np.array([start], np.int64))
+
+    def close(self, mem: Memory, flags: int, now: float) -> None:
+        """Retire the board (CLOSED) or end it (FINAL): take every published range back, attribute the rest.
+
+        Afterwards no slot holds a range, so no claim can succeed any more; what was
+        swapped meanwhile is in :attr:`claimed`, what was taken back in :attr:`returned`.
+        """
+        self.set_flags(mem, flags)
+        self.scan(mem, now)
+        self.reclaim(mem, now)
+        self.take_back_unclaimed(mem)
+        self.scan(mem, now)
+
+    # -- publishing -----------------------------------------------------------------
+    def room(self) -> int:
+        """Slots free for publishing now."""
+        return self.slots - (self.tail - self.scanned)
+
+    def publish(self, mem: Memory, ranges: list[tuple[int, int]]) -> None:
+        """Publish ``ranges`` (each ``0 < stop - start <= MAX_LEN``, at most :meth:`room` of them).
+
+        A slot still in limbo from the last lap is taken back first (to :attr:`returned`),
+        or attributed if its claimer swapped meanwhile.
+        """
+        n = len(ranges)
+        if not n:
+            return
+        if n > self.room():
+            raise ValueError(f"publishing {n} ranges into a board with room for {self.room()}")
+        if self.limbo:
+            for k in range(n):
+                t = self.tail + k - self.slots
+                if t in self.limbo:
+                    self._settle(mem, t, take=True)
+        arr = np.fromiter((pack(a, b - a) for a, b in ranges), np.int64, n)
+        first = self.tail % self.slots
+        cut = min(n, self.slots - first)
+        self.pub[first : first + cut] = arr[:cut]
+        mem.write(HEADER + first, arr[:cut])
+        if cut < n:
+            self.pub[: n - cut] = arr[cut:]
+            mem.write(HEADER, arr[cut:])
+        self.tail += n
+        self.on_board += int((arr & MAX_LEN).sum())
+        mem.write(TAIL, np.array([self.tail | self.flags], np.int64))
+
+    def set_flags(self, mem: Memory, flags: int) -> None:
+        """Raise FINAL and/or CLOSED (they never go down)."""
+        self.flags |= flags
+        mem.write(TAIL, np.array([self.tail | self.flags], np.int64))
+
+    # -- attributing ----------------------------------------------------------------
+    def scan(self, mem: Memory, now: float) -> None:
+        """Attribute what was claimed since the last scan (to :attr:`claimed`); empty those slots.
+
+        Every published slot not yet attributed is read, not only those below HEAD: a
+        claimer whose ticket waited while the ring went round may take a later lap's
+        range (it is conditional, so that is safe), and the owner must know before that
+        claimer reports it. Tickets fetched but not yet swapped go to :attr:`limbo`, with
+        when they were first seen, and are looked at again on the next scan.
+        """
+        self.head = head = int(mem.read(HEAD, 1)[0]) & _TICKETS
+        for t in list(self.limbo):
+            self._settle(mem, t, take=False)
+        lo = self.scanned
+        tail = self.tail
+        while lo < tail:
+            first = lo % self.slots
+            n = min(tail - lo, self.slots - first)
+            vals = mem.read(HEADER + first, n)
+            claimed = np.flatnonzero(vals < EMPTY)
+            if len(claimed):
+                slots = first + claimed
+                pubs = self.pub[slots]
+                starts = pubs >> LEN_BITS
+                stops = starts + (pubs & MAX_LEN)
+                self.claimed.extend(zip((-2 - vals[claimed]).tolist(), starts.tolist(), stops.tolist()))
+                self.on_board -= int((pubs & MAX_LEN).sum())
+                self.pub[slots] = EMPTY
+                for run_first, run_len in _runs(slots):
+                    mem.write(HEADER + run_first, np.full(run_len, EMPTY, np.int64))
+            if lo < head:
+                for k in np.flatnonzero(vals[: head - lo] >= 0).tolist():
+                    self.limbo.setdefault(lo + k, now)
+            lo += n
+        self.scanned = max(self.scanned, min(head, tail))
+
+    def _settle(self, mem: Memory, t: int, take: bool) -> None:
+        """Look at limbo ticket ``t`` again: attribute it if swapped; with ``take``, else take it back."""
+        j = t % self.slots
+        v = int(self.pub[j])
+        now = int(mem.read(HEADER + j, 1)[0])
+        if now == v and take:
+            now = mem.cas(HEADER + j, v, EMPTY)
+            if now == v:
+                self.returned.append(unpack(v))
+                self.on_board -= v & MAX_LEN
+                self.pub[j] = EMPTY
+                del self.limbo[t]
+                return
+        if now < EMPTY:
+            start, stop = unpack(v)
+            self.claimed.append((-2 - now, start, stop))
+            self.on_board -= stop - start
+            self.pub[j] = EMPTY
+            mem.write(HEADER + j, np.array([EMPTY], np.int64))
+            del self.limbo[t]
+
+    def reclaim(self, mem: Memory, older_than: float) -> None:
+        """Take back (to :attr:`returned`) limbo ranges first seen at or before ``older_than``.
+
+        Safe at any moment: compare-and-swap against the claimer's; one of the two wins.
+        """
+        for t, seen in list(self.limbo.items()):
+            if seen <= older_than:
+                self._settle(mem, t, take=True)
+
+    def published(self) -> list[tuple[int, int]]:
+        """The ranges published and not yet attributed (unclaimed, or in limbo)."""
+        return [unpack(int(v)) for v in self.pub[self.pub >= 0]]
+
+    def take_back_unclaimed(self, mem: Memory) -> None:
+        """Take back (to :attr:`returned`) every published range no ticket has reached yet.
+
+        For closing or finishing a board: raise the flag first, so that a claimer whose
+        ticket now finds EMPTY learns why. Fetched-but-unswapped tickets above the last
+        scan are taken back too (safe, as in :meth:`reclaim`); swapped ones are left to
+        the next scan.
+        """
+        for t in range(self.scanned, self.tail):
+            j = t % self.slots
+            v = int(self.pub[j])
+            if v >= 0 and mem.cas(HEADER + j, v, EMPTY) == v:
+                self.returned.append(unpack(v))
+                self.on_board -= v & MAX_LEN
+                self.pub[j] = EMPTY
+
+
+def _runs(idx: np.ndarray) -> list[tuple[int, int]]:
+    """Contiguous runs of sorted indices as (first, length)."""
+    if not len(idx):
+        return []
+    breaks = np.flatnonzero(np.diff(idx) != 1)
+    starts = np.concatenate(([0], breaks + 1))
+    ends = np.concatenate((breaks + 1, [len(idx)]))
+    return [(int(idx[s]), int(e - s)) for s, e in zip(starts, ends)]

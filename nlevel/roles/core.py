@@ -1,0 +1,249 @@
+"""The state and the plumbing every part of a :class:`~nlevel.roles.station.Station` shares. Pure Python.
+
+One rank's roles: a server (:class:`~nlevel.roles.server.Master` or
+:class:`~nlevel.roles.server.Region`) if it serves, a :class:`~nlevel.roles.worker.Worker`
+if it computes. This module lays them out for a hierarchy and routes what they say:
+a report to this rank's own server is delivered in-process, everything else becomes a
+:class:`~nlevel.roles.events.Send`. Failure handling (:mod:`nlevel.roles.failures`) and
+plan changes (:mod:`nlevel.roles.replan`) build on it; :mod:`nlevel.roles.station`
+puts the single entry point on top.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Callable
+
+from ..config import Config
+from ..model.hierarchy import Hierarchy, Role
+from ..model.plan import Plan
+from ..ranges import RangeSet
+from .autoplan import AutoPlanner
+from .board import FINAL
+from .events import Effect, Send, WriteCheckpoint
+from .ledger import Ledger
+from .messages import FailureRecord, Message, Report
+from .recovery import Reconciliation
+from .master import Master
+from .region import Region
+from .server import LEAF, Boards, Server, Sizing
+from .worker import State, Worker
+
+__all__ = ["StationCore", "TIMELINE_BIN"]
+
+#: Seconds per bin of the servers' timeline in the run report.
+TIMELINE_BIN = 0.1
+
+
+class StationCore:
+    """A rank's roles and what they share; see :class:`~nlevel.roles.station.Station` for the entry point.
+
+    Args:
+        hierarchy: The laid-out plan.
+        rank: This rank.
+        config: Settings.
+        clock: Returns seconds (monotonic).
+        boards: Where the boards are (an MPI window, or local memory).
+        total: The farm's number of tasks.
+        ledger: The completion record; required on the master.
+        width: Numbers per task result.
+        wall: Returns the wall-clock time (failure records).
+    """
+
+    def __init__(self, hierarchy: Hierarchy, rank: int, config: Config, clock: Callable[[], float], boards: Boards,
+                 total: int, ledger: Ledger | None = None, width: int = 1,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.rank = rank
+        self.total = total
+        self.width = width
+        self.size = hierarchy.size
+        self.config = config
+        self.ft = config.ft  # (read once: Config.ft looks at the environment)
+        self.clock = clock
+        self.wall = wall
+        self.boards = boards
+        self.ledger = ledger
+        self.sizing = Sizing(config.chunk, config.chunk_target, config.max_chunk, hierarchy.plan.prefetch,
+                             max(0.01, 4 * config.server_period))
+        self.epoch = 0
+        self.plans: list[Plan] = [hierarchy.plan]
+        self.draining: dict[int, set[int]] = {}  # epoch -> old children not yet acknowledged
+        self.future: list[tuple[int, Message]] = []  # messages from a newer epoch than ours
+        self.served_before = 0  # ranges taken under earlier servers of this rank
+        self.final_asked = False  # the master asked for the final checkpoint (the job is done)
+        self.final = False  # ... and raised FINAL on its boards
+        self.drain_requested = False
+        self.drained: dict[int, float] = {}  # the master: ranks it asked to leave, and when
+        self.served_bins: dict[int, int] = {}  # wall time // TIMELINE_BIN -> ranges taken here
+        # Failures (see nlevel.roles.failures).
+        self.failed: frozenset[int] = frozenset()
+        self.failures: list[FailureRecord] = []
+        self.recon: Reconciliation | None = None
+        self.mirror: Ledger | None = None
+        self.mirror_failures: list[FailureRecord] = []
+        self.mirrored_failures = 0
+        self.mirror_to: int | None = None
+        self.deferred: deque[tuple[int, Message]] = deque()
+        self.master_heard = 0.0
+        self.mirror_sent = 0.0
+        self.leases_checked = -1e300
+        self.sent_done: dict[int, RangeSet] | None = None
+        self.job_over = False
+        self.loading = False  # a new master waits for its ledger from the checkpoint file
+        self.planner: AutoPlanner | None = None
+        if rank == 0 and config.auto:
+            self.planner = AutoPlanner(self.size, config, hierarchy.plan)
+        self.worker: Worker | None = None
+        self.server: Server | None = None
+        self.lay_out(hierarchy)
+
+    # -- roles ----------------------------------------------------------------------------
+    def lay_out(self, hierarchy: Hierarchy) -> None:
+        """Build this rank's roles for ``hierarchy`` (a new plan), keeping the worker's queue and hand."""
+        self.hierarchy = hierarchy
+        self.info = info = hierarchy[self.rank]
+        c = self.config
+        weights = {r: hierarchy[r].weight for r in info.children}
+        if info.computes and (info.children or info.role is Role.MASTER):
+            weights[self.rank] = 1  # its own loop claims from its own leaf board
+        self.server = None
+        if info.role is Role.MASTER:
+            if self.ledger is None:
+                raise ValueError(f"rank {self.rank} (the master) needs the ledger")
+            self.server = Master(hierarchy, self.rank, weights, self.clock, self.boards, self.sizing, self.ledger,
+                                 c.task_retries if c.on_task_error == "retry" else 0, self.ft, self.epoch)
+        elif info.children:
+            assert info.parent is not None
+            self.server = Region(hierarchy, self.rank, weights, self.clock, self.boards, self.sizing, info.parent,
+                                 c.batch, c.batch_age, self.epoch)
+        if self.server is not None:
+            self.server.quarantine = c.quarantine
+        if not info.computes:
+            return
+        parent = self.rank if self.server is not None else info.parent
+        assert parent is not None
+        slots = self.boards.slots(LEAF)
+        if self.worker is None:
+            self.worker = Worker(self.rank, parent, slots, c.report_every, c.report_age, self.clock)
+        self.worker.reparent(parent, slots, self.epoch)
+
+    @property
+    def serves_remote(self) -> bool:
+        """Whether other ranks take ids from this one, or old children must still be heard."""
+        return bool(self.info.children) or bool(self.draining)
+
+    @property
+    def done_serving(self) -> bool:
+        """Whether the server side owes nobody anything more."""
+        if self.draining:
+            return False
+        d = self.server
+        if d is None:
+            return True
+        if isinstance(d, Master):
+            return self.final or self.job_over
+        return d.finished
+
+    @property
+    def served(self) -> int:
+        """Ranges children took from this rank's boards, all epochs."""
+        return self.served_before + (self.server.served if self.server is not None else 0)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether this rank, as master, stopped the job early."""
+        return isinstance(self.server, Master) and self.server.stopped
+
+    # -- routing --------------------------------------------------------------------------------
+    def report_up(self, report: Report, dest: int) -> list[Effect]:
+        """Send ``report`` to ``dest`` (this rank's own server: delivered in-process), stamped with the epoch."""
+        if report.epoch != self.epoch and not report.orphan:
+            from dataclasses import replace
+
+            report = replace(report, epoch=self.epoch)
+        if dest == self.rank and self.server is not None:
+            self.server.on_report(self.rank, report, self.clock())
+            return self.serve()
+        if self.sent_done is not None and report.done:
+            self.sent_done.setdefault(dest, RangeSet()).add_ranges(report.done)
+        return [Send(dest, report)]
+
+    def orphan(self, report: Report) -> list[Effect]:
+        """Completions and returned ids from an older epoch (or a stray sender): to the master."""
+        if not (report.done or report.returned or report.failed or report.handed_off):
+            return []
+        if isinstance(self.server, Master):
+            self.server.take_orphan(report, self.clock())
+            return self.serve()
+        from dataclasses import replace
+
+        return [Send(self.hierarchy.master, replace(report, epoch=self.epoch, orphan=True))]
+
+    def worker_report(self, force: bool = False) -> list[Effect]:
+        """The worker's batch of finished ids, if it is due (or ``force``)."""
+        w = self.worker
+        if w is None:
+            return []
+        now = self.clock()
+        if not (force and (w.done or w.failed or w.tasks)) and not w.report_due(now):
+            return []
+        return self.report_up(w.report(now), w.parent)
+
+    # -- the server's step -------------------------------------------------------------------
+    def serve(self) -> list[Effect]:
+        """A server's work now: attribute claims, refill, publish, forward, finish."""
+        d = self.server
+        if d is None:
+            return []
+        now = self.clock()
+        d.scan(now)
+        self._timeline(d)
+        outs: list[Effect] = []
+        if isinstance(d, Region):
+            if d.everyone_left() and not d.gone:
+                return self.report_up(d.leave(now), d.parent)
+            d.refill(now)
+        if not self.final:
+            d.publish(now)
+        if isinstance(d, Region):
+            if d.flush_due(now):
+                outs += self.report_up(d.flush(), d.parent)
+            if d.exhausted and not self.final:
+                self.final = True
+                d.close_boards(FINAL, now)
+        elif isinstance(d, Master) and (d.exhausted or d.abandoned) and not self.final_asked and not self.loading:
+            self.final_asked = True  # the last checkpoint first; FINAL when it is on disk
+            outs.append(WriteCheckpoint(final=True))
+        return outs
+
+    def finish_job(self) -> list[Effect]:
+        """The master's final checkpoint is written: release everyone (FINAL on the boards)."""
+        d = self.server
+        if isinstance(d, Master) and not self.final:
+            self.final = True
+            d.close_boards(FINAL, self.clock())
+        return []
+
+    def _timeline(self, d: Server) -> None:
+        served = d.served
+        last = getattr(self, "_served_seen", 0)
+        if served > last:
+            b = int(self.wall() / TIMELINE_BIN)
+            self.served_bins[b] = self.served_bins.get(b, 0) + served - last
+        self._served_seen = served
+
+    def retire_server(self) -> None:
+        """This rank stops serving (plan change, or every child died): count what it served."""
+        d = self.server
+        if d is not None:
+            self.served_before += d.served
+            self._served_seen = 0
+
+    def worker_state(self) -> State | None:
+        """The worker's state (None: this rank does not compute)."""
+        return self.worker.state if self.worker is not None else None
+
+    def report_dict(self) -> dict[str, Any]:
+        """A few facts for the run report's per-rank row."""
+        return {"epoch": self.epoch, "served": self.served}

@@ -1,0 +1,158 @@
+"""What happens to a rank (events) and what it asks the runtime to do (effects).
+
+:meth:`Station.handle <nlevel.roles.station.Station.handle>` takes one event and returns
+a list of effects; the loop (:mod:`nlevel.roles.loop`) performs them through a port:
+the MPI runtime's, the simulator's or a test's. Wire messages (:mod:`nlevel.roles.messages`)
+travel inside :class:`Received` and :class:`Send`; nothing here goes on the wire.
+Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+from ..ranges import Ranges
+from .ledger import Ledger
+from .messages import Message, Result, TaskFailure
+
+__all__ = [
+    "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "CheckpointLoaded",
+    "CheckpointWritten", "Event",
+    "Send", "Kill", "WriteCheckpoint", "LoadCheckpoint", "Answer", "Log", "Effect",
+]
+
+
+# -- events --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A wire message from rank ``src``."""
+
+    src: int
+    msg: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed: look at the boards, batches, leases, the planner."""
+
+
+@dataclass(frozen=True, slots=True)
+class Died:
+    """The runtime learnt that ``ranks`` are dead (``how``: "ulfm", or why else)."""
+
+    ranks: tuple[int, ...]
+    how: str = "ulfm"
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    """The user's loop on this rank finished these tasks since the last :class:`Ran`.
+
+    Attributes:
+        done: Ids finished.
+        results: ``(id, result)`` of those with a result.
+        failed: Tasks that raised.
+        tasks: How many tasks ran (``done`` plus ``failed``).
+        busy: Seconds they took together.
+        longest: The longest of them (s).
+    """
+
+    done: Ranges = ()
+    results: tuple[tuple[int, Result], ...] = ()
+    failed: tuple[TaskFailure, ...] = ()
+    tasks: int = 0
+    busy: float = 0.0
+    longest: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NeedIds:
+    """The user's loop has no id in hand: give it the next range (see ``Station.hand``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """The user's loop left early; ``unstarted``: ids in hand it did not run (they go back)."""
+
+    unstarted: Ranges = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop the job early and cleanly (SIGUSR1 on the master): running tasks finish, nothing new starts."""
+
+
+@dataclass(frozen=True, slots=True)
+class DrainRequest:
+    """An operator asks the master to take ``ranks`` (or the ``count`` highest slaves) out of the job."""
+
+    token: str
+    ranks: tuple[int, ...] | None = None
+    count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointLoaded:
+    """The ledger a :class:`LoadCheckpoint` read (None: no usable checkpoint; ``error`` says why)."""
+
+    ledger: Ledger | None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointWritten:
+    """A :class:`WriteCheckpoint` with ``final`` is on disk (or failed: ``error``)."""
+
+    final: bool
+    error: str = ""
+
+
+Event = Union[Received, Tick, Died, Ran, NeedIds, Leave, Stop, DrainRequest, CheckpointLoaded, CheckpointWritten]
+
+
+# -- effects ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``msg`` to rank ``dest``."""
+
+    dest: int
+    msg: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    """Kill process ``rank`` (hung, or past its task's time limit); MPI then reports it dead."""
+
+    rank: int
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class WriteCheckpoint:
+    """Write the master's ledger to the checkpoint; ``final``: synchronously, then answer :class:`CheckpointWritten`."""
+
+    final: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoadCheckpoint:
+    """Read the ledger from the checkpoint file and answer :class:`CheckpointLoaded` (a new master without a copy)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Answer the operator's request ``token`` (see :class:`DrainRequest`)."""
+
+    token: str
+    outcome: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """A line for the job's stderr, prefixed with the rank."""
+
+    text: str
+
+
+Effect = Union[Send, Kill, WriteCheckpoint, LoadCheckpoint, Answer, Log]

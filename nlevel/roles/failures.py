@@ -1,0 +1,411 @@
+"""How a :class:`~nlevel.roles.station.Station` repairs itself when other ranks die. Pure Python.
+
+:meth:`Failures.fail` takes the ranks the runtime reported dead and applies the rules of
+:mod:`nlevel.roles.recovery` to this rank: requeue a dead slave's ids, start (or extend)
+a reconciliation for a dead server, take over as region-master or master when this
+rank is now the lowest survivor of a block, send a Holding when this rank's parent
+died. Messages that arrive before this rank has heard of the failure they follow are
+held back until it has. The master copies its commits to a deputy (the next master),
+and the deputy watches the master's heartbeat.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+
+from ..model.hierarchy import Hierarchy, Role, build
+from ..ranges import RangeSet
+from .core import StationCore
+from .events import CheckpointLoaded, Effect, Kill, LoadCheckpoint, Send
+from .ledger import Ledger
+from .messages import FailureRecord, Holding, Message, Mirror, Report
+from .recovery import Reconciliation, deputy, expected, reconciler
+from .master import Master
+from .region import Region
+from .server import LEAF, UPPER, Server
+
+__all__ = ["Failures", "MIRROR_AGE", "MIRROR_BATCH"]
+
+#: The master copies its commits to the deputy at least this often (s) ...
+MIRROR_AGE = 0.005
+#: ... or once this many ids are waiting (a master that dies loses at most these commits).
+MIRROR_BATCH = 256
+
+
+def _record(rank: int, old: Hierarchy, held: int, how: str, by: int, wall: float) -> FailureRecord:
+    return FailureRecord(rank, old[rank].role.value, old[rank].level, how, by, wall, held)
+
+
+class Failures(StationCore):
+    """The failure-handling part of a station."""
+
+    # -- events ----------------------------------------------------------------------------
+    def fail(self, ranks: tuple[int, ...], how: str = "ulfm") -> list[Effect]:
+        """``ranks`` are dead: repair this rank's roles; return the effects."""
+        new = frozenset(ranks) - self.failed - {self.rank}
+        if not new:
+            return []
+        old = self.hierarchy
+        self.failed = failed = self.failed | new
+        nh = build(self.size, old.plan, failed)
+        if self.sent_done is None:
+            self.sent_done = {}
+        for x in new:
+            self.sent_done.pop(x, None)
+        wall = self.wall()
+        outs: list[Effect] = []
+        for epoch in list(self.draining):  # the dead never acknowledge a regroup
+            self.draining[epoch] -= new
+            if not self.draining[epoch]:
+                del self.draining[epoch]
+        d = self.server
+        ask: set[int] = set()
+        if d is not None:
+            for x in sorted(new & set(d.children)):
+                gone = d.children[x]
+                silent = d.clock() - gone.heard
+                why = "lease expired (hung)" if gone.leased else "drained (left, then ended)" if gone.left else how
+                held = d.drop_child(x)
+                record = replace(_record(x, old, len(held), why, self.rank, wall), silent_ms=round(silent * 1e3, 3))
+                if old[x].children:
+                    # A server that was still working: its survivors will say what they hold.
+                    self.recon = self.recon or Reconciliation(now=self.clock())
+                    ask |= self.recon.add_dead(held, expected(x, old, failed), record)
+                else:
+                    n, quarantined = d.requeue_lost(held)
+                    self.failures.append(record.closed(n, tuple(quarantined), self.wall()))
+        if self.recon is not None:
+            for x in sorted(new & (self.recon.expected | set(self.recon.got))):
+                mine = reconciler(x, old, nh) == self.rank
+                ask |= self.recon.member_died(x, expected(x, old, failed) if mine else set())
+        if nh.master == self.rank and old.master != self.rank:
+            took, effects = self._take_over(old, nh, wall, how)
+            ask |= took
+            outs += effects
+        outs += self._relayout(nh)
+        parent = old[self.rank].parent
+        if parent is not None and parent in new and self.info.parent is not None:
+            # Unasked, to the new parent: it records what this rank's subtree holds.
+            outs.append(Send(self.info.parent, Holding(self.holding().ranges(), tuple(sorted(failed)))))
+        asking = Holding((), tuple(sorted(failed)), True)
+        outs += [Send(r, asking) for r in sorted(ask - {self.rank})]
+        if isinstance(self.server, Master) and self.ft:
+            dep = deputy(nh)
+            if (dep if dep is not None else -1) != self.mirror_to:
+                outs += self._mirror_full(dep)
+        if self.server is not None:
+            self.server.reconciling = self.recon is not None
+        deferred, self.deferred = self.deferred, deque()
+        for src, msg in deferred:
+            outs += self.receive(src, msg)
+        outs += self._finish_recon()
+        outs += self.serve()
+        return outs
+
+    def receive(self, src: int, msg: Message) -> list[Effect]:
+        raise NotImplementedError  # (the Station's)
+
+    def defer(self, src: int, msg: Message) -> bool:
+        """Whether ``msg`` must wait for this rank to learn of a failure (keeping order per sender)."""
+        if self.deferred and any(s == src for s, _ in self.deferred):
+            self.deferred.append((src, msg))
+            return True
+        waiting = False
+        if isinstance(msg, Holding):
+            waiting = not set(msg.failed) <= self.failed
+        elif isinstance(msg, Report) and not msg.orphan and msg.epoch == self.epoch:
+            d = self.server
+            waiting = d is None or src not in d.children
+        if waiting:
+            self.deferred.append((src, msg))
+        return waiting
+
+    def on_holding(self, src: int, msg: Holding) -> list[Effect]:
+        """A survivor whose parent died says what it holds (this rank reconciles, or is its new parent)."""
+        if msg.ask:
+            return [Send(src, Holding(self.holding().ranges(), tuple(sorted(self.failed))))]
+        held = RangeSet(msg.held)
+        d = self.server
+        if d is None:
+            return []
+        path: int | None = src
+        while path is not None and path not in d.children and path != self.rank:
+            path = self.hierarchy[path].parent
+        if path is not None and path != self.rank:
+            d.attach(d.children[path], held)  # the child's subtree holds these now
+        if self.recon is not None and (src in self.recon.expected or src in self.recon.got):
+            self.recon.receive(src, held)
+        return self._finish_recon() + self.serve()
+
+    def on_mirror(self, msg: Mirror) -> list[Effect]:
+        """The deputy: copy the master's commits (a full copy replaces what it had)."""
+        if isinstance(self.server, Master):  # a late copy from the master this rank replaced
+            self.server.ledger.commit(msg.done, msg.results)
+            return []
+        if msg.full or self.mirror is None:
+            self.mirror = Ledger(msg.total, width=msg.width)
+            self.mirror_failures = []
+        self.mirror.commit(msg.done, msg.results)
+        for f in msg.failed:
+            self.mirror.fail(f)
+        self.mirror_failures.extend(msg.failures)
+        self.master_heard = self.clock()
+        return []
+
+    def watch_master(self) -> list[Effect]:
+        """The deputy: a master silent past its lease is hung (it heartbeats): have it killed."""
+        if self.mirror is None or not self.ft or isinstance(self.server, Master):
+            return []
+        now = self.clock()
+        w = self.worker
+        longest = w.task_times.hi if w is not None and w.task_times.n else 0.0
+        if now - self.master_heard > self.config.lease_min + self.config.lease_factor * longest:
+            self.master_heard = now  # once per lease
+            return [Kill(self.hierarchy.master, "the master was silent past its lease (hung)")]
+        return []
+
+    def loaded(self, event: CheckpointLoaded) -> list[Effect]:
+        """A new master's ledger from the checkpoint file arrived: carry on taking over."""
+        if not self.loading:
+            return []
+        self.loading = False
+        d = self.server
+        assert isinstance(d, Master) and self.ledger is not None
+        if event.ledger is not None:
+            self.ledger.merge(event.ledger)
+        elif event.error:
+            self.failures.append(_record(self.rank, self.hierarchy, 0, f"checkpoint unusable: {event.error}",
+                                         self.rank, self.wall()))
+        return self._finish_recon() + self.serve()
+
+    # -- the pieces -----------------------------------------------------------------------------
+    def _take_over(self, old: Hierarchy, nh: Hierarchy, wall: float, how: str) -> tuple[set[int], list[Effect]]:
+        """This rank is the new master: the ledger from the mirror (and the checkpoint); reconcile everything."""
+        effects: list[Effect] = []
+        ledger = self.mirror
+        source = "deputy's copy"
+        if ledger is None:
+            ledger = Ledger(self.total, width=self.width)
+            source = "checkpoint"
+        if not ledger.complete():
+            # The copy may lack the last commits (a message lost with the master); the checkpoint
+            # file may have them (the master writes it before releasing anyone).
+            self.loading = True
+            effects.append(LoadCheckpoint())
+            if source != "checkpoint":
+                source = "deputy's copy + checkpoint"
+        self.ledger = ledger
+        self.mirror = None
+        self.failures = self.mirror_failures + self.failures  # recoveries the dead master had recorded
+        record = replace(_record(old.master, old, len(ledger.remaining()), how, self.rank, wall), ledger_from=source)
+        self.planner = None  # the new master keeps the plan it finds
+        if ledger.complete() and self.recon is None:
+            # The job was over (the old master copies its last commits here before releasing
+            # anyone): nothing to reconcile; ranks already released will not ask again.
+            self.job_over = True
+            self.failures.append(record.closed(0, (), wall))
+            return set(), effects
+        recon = self.recon or Reconciliation(now=self.clock())
+        recon.everything = True
+        self.recon = recon
+        return recon.add_dead(RangeSet(), expected(old.master, old, self.failed) - {self.rank}, record), effects
+
+    def _relayout(self, nh: Hierarchy) -> list[Effect]:
+        """Give this rank the roles ``nh`` says, keeping every id it holds; return the effects."""
+        outs: list[Effect] = []
+        old_d = self.server
+        self.hierarchy = nh
+        self.info = info = nh[self.rank]
+        w = self.worker
+        weights = {c: nh[c].weight for c in info.children}
+        if w is not None and (info.children or info.role is Role.MASTER):
+            weights[self.rank] = 1
+        c = self.config
+        d: Server | None = old_d
+        now = self.clock()
+        if info.role is Role.MASTER and not isinstance(old_d, Master):
+            assert self.ledger is not None
+            if old_d is not None:
+                old_d.close_boards(0, now)  # (its boards stay; the master's serve the same children)
+            d = Master(nh, self.rank, {}, self.clock, self.boards, self.sizing, self.ledger,
+                       c.task_retries if c.on_task_error == "retry" else 0, self.ft, self.epoch)
+            d.queue = RangeSet()  # nothing is handed out before the reconciliation says what is free
+            self._absorb(old_d, d)
+        elif info.role is Role.REGION and old_d is None:
+            assert info.parent is not None
+            d = Region(nh, self.rank, {}, self.clock, self.boards, self.sizing, info.parent, c.batch, c.batch_age,
+                       self.epoch)
+        elif isinstance(d, Region) and info.role is Role.REGION:
+            assert info.parent is not None
+            d.reparent(info.parent)  # the want went to a dead parent: claim from the new one
+        elif isinstance(d, Region) and info.role is Role.SLAVE:
+            # Every child died: no region left to serve. Its ids go back up; its own loop goes on.
+            assert info.parent is not None
+            d.close_boards(0, now)
+            returned = d.queue.copy()
+            returned.add_ranges(d.up_returned.ranges())
+            own = d.children.get(self.rank)
+            if own is not None:
+                returned.remove_ranges(own.held.ranges())  # still this rank's own worker's
+            outs.append(Send(info.parent, Report(d.up_done.ranges(), tuple(d.up_results), returned.ranges(),
+                                                 tuple(d.up_failed), d.handed_off.ranges(), epoch=self.epoch,
+                                                 task_max=d.task_max)))
+            self.retire_server()
+            d = None
+        if d is not None:
+            d.quarantine = c.quarantine
+            d.track_settled = True
+            for r in [r for r in d.children if r not in weights]:
+                d.requeue_lost(d.drop_child(r))  # (not expected: children only change by dying)
+            for r, wt in weights.items():
+                if r in d.children:
+                    d.set_weight(r, wt)
+                else:
+                    kind = UPPER if r != self.rank and nh[r].children else LEAF
+                    child = d.adopt_child(r, wt, kind)
+                    if r == self.rank and w is not None:
+                        d.attach(child, w.holding())  # this rank's own loop is now served here
+        self.server = d
+        if w is None:
+            return outs
+        parent = self.rank if d is not None else info.parent
+        assert parent is not None
+        w.reparent(parent, self.boards.slots(LEAF), self.epoch)
+        return outs
+
+    def _absorb(self, old: Server | None, new: Master) -> None:
+        """A region-master becoming master: its queue, children and buffered completions come along."""
+        if not isinstance(old, Region):
+            return
+        new.queue = old.queue
+        new.queue.add_ranges(old.published().ranges())  # (its boards were closed: taken back)
+        for r, ch in old.children.items():
+            child = new.adopt_child(r, ch.weight, ch.kind)
+            child.held = ch.held
+            child.left, child.heard = ch.left, ch.heard
+        new.held_total = sum(len(ch.held) for ch in new.children.values())
+        # (Not its `settled`: what it passed up went to the master that died; the ledger decides now.)
+        new.task_max, new.deaths, new.task_mean = old.task_max, old.deaths, old.task_mean
+        if old.up_done:
+            new.ledger.commit(old.up_done.ranges(), old.up_results)
+        for f in old.up_failed:
+            new.task_failed(f)
+        new.take_back(old.up_returned.ranges())
+        new.carried.add_ranges(old.handed_off.ranges())
+        self.retire_server()
+
+    def holding(self) -> RangeSet:
+        """Every id this rank and its subtree hold, for a Holding."""
+        held = RangeSet()
+        w, d = self.worker, self.server
+        if w is not None:
+            held.add_ranges(w.holding().ranges())
+        if d is not None:
+            held.add_ranges(d.queue.ranges())
+            held.add_ranges(d.published().ranges())
+            for ch in d.children.values():
+                held.add_ranges(ch.held.ranges())
+            held.add_ranges(d.handed_off.ranges())
+            if isinstance(d, Region):
+                held.add_ranges(d.up_done.ranges())
+                held.add_ranges(d.up_returned.ranges())
+                for f in d.up_failed:
+                    held.add(f.id, f.id + 1)
+        if self.recon is not None:
+            held.add_ranges(self.recon.held.ranges())
+        for sent in (self.sent_done or {}).values():
+            held.add_ranges(sent.ranges())
+        return held
+
+    def _finish_recon(self) -> list[Effect]:
+        """Every expected Holding is in (and the ledger loaded): requeue what nobody holds."""
+        recon, d = self.recon, self.server
+        if recon is None or not recon.complete or d is None or self.loading:
+            return []
+        d.scan(self.clock())
+        if recon.everything:
+            assert isinstance(d, Master)
+            question = d.ledger.remaining()
+            question.remove_ranges(d.queue.ranges())
+            question.remove_ranges(d.published().ranges())
+            question.remove_ranges(d.carried.ranges())
+            for ch in d.children.values():
+                question.remove_ranges(ch.held.ranges())
+            for tid in d.ledger.failed:
+                question.remove(tid, tid + 1)
+        else:
+            question = recon.held
+        lost = recon.lost(question, d.settled)
+        n, quarantined = d.requeue_lost(lost)
+        wall = self.wall()
+        for record in recon.records:
+            self.failures.append(record.closed(n, tuple(quarantined), wall))
+            n, quarantined = 0, []  # counted once, on the first record
+        self.recon = None
+        d.reconciling = False
+        return self.serve()
+
+    def _mirror_full(self, dep: int | None) -> list[Effect]:
+        """The master: (re)start the deputy's copy with the whole ledger."""
+        self.mirror_to = dep if dep is not None else -1
+        d = self.server
+        assert isinstance(d, Master)
+        d.mirror_done, d.mirror_results, d.mirror_failed = RangeSet(), [], []
+        if dep is None:
+            return []
+        led = d.ledger
+        results = tuple(zip(led.result_ids.tolist(), led.result_rows()))
+        self.mirrored_failures = len(self.failures)
+        return [Send(dep, Mirror(led.committed.ranges(), results, led.total, led.width, True, tuple(self.failures),
+                                 tuple(led.failed.values())))]
+
+    def mirror_out(self, force: bool = False) -> list[Effect]:
+        """The master: send the deputy what was committed since the last copy (batched), or a heartbeat."""
+        d = self.server
+        if not isinstance(d, Master) or not d.mirror:
+            return []
+        now = self.clock()
+        if self.mirror_to is None:
+            self.mirror_sent = now
+            return self._mirror_full(deputy(self.hierarchy))
+        if self.mirror_to < 0:  # one process: nobody to copy to
+            d.mirror_done, d.mirror_results, d.mirror_failed = RangeSet(), [], []
+            return []
+        waiting = len(d.mirror_done) + len(d.mirror_failed) + len(self.failures) - self.mirrored_failures
+        if not waiting:
+            if now - self.mirror_sent < self.config.lease_min / 4:
+                return []
+            self.mirror_sent = now  # a heartbeat: the deputy watches for the master's silence
+            return [Send(self.mirror_to, Mirror((), (), d.ledger.total, d.ledger.width))]
+        if waiting < MIRROR_BATCH and now - self.mirror_sent < MIRROR_AGE and not force:
+            return []
+        self.mirror_sent = now
+        news = tuple(self.failures[self.mirrored_failures:])
+        self.mirrored_failures = len(self.failures)
+        msg = Mirror(d.mirror_done.ranges(), tuple(d.mirror_results), d.ledger.total, d.ledger.width, False, news,
+                     tuple(d.mirror_failed))
+        d.mirror_done, d.mirror_results, d.mirror_failed = RangeSet(), [], []
+        return [Send(self.mirror_to, msg)]
+
+    def lease_kills(self) -> list[Effect]:
+        """Children silent past their lease, and survivors that do not answer a reconciler within one: kill them.
+
+        MPI then reports them dead; without ULFM the job stops and the checkpoint resumes it: never a hang.
+        """
+        d = self.server
+        if d is None:
+            return []
+        c = self.config
+        now = self.clock()
+        # Every lease is at least lease_min: looking ten times per lease_min finds a silent
+        # child at most 10 % late, instead of scanning every child on every tick.
+        if now - self.leases_checked < c.lease_min / 10:
+            return []
+        self.leases_checked = now
+        late = [(r, "held tasks past its lease (hung)") for r in d.overdue(now, c.lease_min, c.lease_factor)]
+        recon = self.recon
+        if recon is not None and recon.expected and now - recon.started > c.lease_min + c.lease_factor * d.task_max:
+            late += [(r, "did not answer a reconciliation within a lease") for r in sorted(recon.expected - recon.killed)]
+            recon.killed |= recon.expected
+        return [Kill(r, why) for r, why in late]

@@ -1,0 +1,200 @@
+"""The one loop: named steps that feed a :class:`~nlevel.roles.station.Station` its events and perform its effects.
+
+The MPI runtime, the simulator and the tests' in-process network run the same steps;
+they differ only in their :class:`Port` (how a message is sent, a process killed, a
+checkpoint written) and in *when* they call a step (a server thread every tick, a
+slave when it needs ids, simulated time). The steps:
+
+* :meth:`Loop.receive`: messages and deaths the port has for this rank;
+* :meth:`Loop.tick`: time-driven work (boards, batches, leases, planner);
+* :meth:`Loop.control`: the master's operator requests and stop signal;
+* :meth:`Loop.checkpoint`: the master's periodic checkpoint;
+* :meth:`Loop.need_ids`: the user's loop needs its next range.
+
+Pure Python: threads, locks and MPI belong to the port's owner.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..ranges import Ranges
+from .events import (
+    Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Kill, Leave, LoadCheckpoint, Log,
+    NeedIds, Ran, Received, Send, Stop, Tick, WriteCheckpoint,
+)
+from .ledger import Ledger
+from .messages import Message, Result, TaskFailure
+from .master import Master
+from .station import Station
+
+__all__ = ["Port", "Loop"]
+
+
+class Port(Protocol):
+    """What a loop needs from the world around one rank."""
+
+    def send(self, dest: int, msg: Message) -> None:
+        """Send ``msg`` to rank ``dest`` without blocking (to a dead rank: dropped)."""
+
+    def poll(self) -> tuple[int, Message] | Died | None:
+        """A waiting message ``(source, message)``, or ranks newly known dead, or None."""
+
+    def kill(self, rank: int, why: str) -> None:
+        """Kill process ``rank`` (from this host, or by asking a rank on its host)."""
+
+    def write_checkpoint(self, ledger: Ledger, final: bool) -> str:
+        """Write the ledger (``final``: synchronously); return an error text, or ""."""
+
+    def load_checkpoint(self) -> tuple[Ledger | None, str]:
+        """The ledger in the checkpoint file (None and why, when there is none or it is unusable)."""
+
+    def answer(self, token: str, outcome: dict[str, object]) -> None:
+        """Answer an operator's request."""
+
+    def log(self, text: str) -> None:
+        """A line for stderr."""
+
+    def requests(self) -> list[DrainRequest]:
+        """Operator requests waiting for the master (empty elsewhere)."""
+
+    def stop_requested(self) -> bool:
+        """Whether the job was asked to stop early (SIGUSR1)."""
+
+
+class Loop:
+    """The steps around one station.
+
+    Args:
+        station: The rank's state machine.
+        port: The rank's way to the world.
+        checkpoint_every: The master writes the checkpoint after this many new commits ...
+        checkpoint_interval: ... or this many seconds, whichever comes first.
+    """
+
+    def __init__(self, station: Station, port: Port, checkpoint_every: int = 10_000,
+                 checkpoint_interval: float = 2.0) -> None:
+        self.station = station
+        self.port = port
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_interval = checkpoint_interval
+        self.flushed_at = station.clock()
+        self.flushed_commits = 0
+        self.final_written = False
+        self.checkpoint_error = ""
+
+    # -- effects -----------------------------------------------------------------------------
+    def handle(self, event: Event) -> None:
+        """Give the station one event and perform what it returns."""
+        self.perform(self.station.handle(event))
+
+    def perform(self, effects: list[Effect]) -> None:
+        """Carry out effects (some answer with an event, handled at once)."""
+        port = self.port
+        for e in effects:
+            kind = type(e)
+            if kind is Send:
+                assert isinstance(e, Send)
+                port.send(e.dest, e.msg)
+            elif kind is WriteCheckpoint:
+                assert isinstance(e, WriteCheckpoint)
+                self._write(e.final)
+            elif kind is Kill:
+                assert isinstance(e, Kill)
+                port.kill(e.rank, e.why)
+            elif kind is LoadCheckpoint:
+                ledger, error = port.load_checkpoint()
+                self.handle(CheckpointLoaded(ledger, error))
+            elif kind is Answer:
+                assert isinstance(e, Answer)
+                port.answer(e.token, e.outcome)
+            elif kind is Log:
+                assert isinstance(e, Log)
+                port.log(e.text)
+            else:
+                raise TypeError(f"not an nlevel effect: {e!r}")
+
+    def _write(self, final: bool) -> None:
+        st = self.station
+        ledger = st.ledger
+        if ledger is None or self.final_written:
+            if final:
+                self.handle(CheckpointWritten(True, ""))
+            return
+        if final:
+            self.final_written = True
+            if st.ft:
+                # Everything is committed: the deputy gets the last commits before anyone is
+                # released, so a master dying now leaves a complete ledger behind.
+                self.perform(st.mirror_out(force=True))
+        error = self.port.write_checkpoint(ledger, final)
+        if error:
+            self.checkpoint_error = error
+        self.flushed_commits = ledger.commits
+        self.flushed_at = st.clock()
+        if final:
+            self.handle(CheckpointWritten(True, error))
+
+    # -- the steps --------------------------------------------------------------------------
+    def receive(self, most: int = 256) -> int:
+        """Handle up to ``most`` waiting messages and deaths; return how many."""
+        n = 0
+        port = self.port
+        while n < most:
+            got = port.poll()
+            if got is None:
+                break
+            n += 1
+            if isinstance(got, Died):
+                self.handle(got)
+            else:
+                self.handle(Received(got[0], got[1]))
+        return n
+
+    def tick(self) -> None:
+        """Time-driven work."""
+        self.handle(Tick())
+
+    def control(self) -> None:
+        """The master: the operator's requests, and a stop asked by signal."""
+        st = self.station
+        if not isinstance(st.server, Master):
+            return
+        for request in self.port.requests():
+            self.handle(request)
+        if self.port.stop_requested() and not st.stopped:
+            self._write(False)  # what is committed now, in case running tasks outlast the warning
+            self.handle(Stop())
+
+    def checkpoint(self) -> None:
+        """The master: write the checkpoint when enough commits or time have gone by."""
+        st = self.station
+        ledger = st.ledger
+        if ledger is None or self.final_written or not isinstance(st.server, Master):
+            return
+        new = ledger.commits - self.flushed_commits
+        if new and (new >= self.checkpoint_every or st.clock() - self.flushed_at >= self.checkpoint_interval):
+            self._write(False)
+
+    def step(self) -> int:
+        """One round of a server's loop: messages, time, the master's controls and checkpoint."""
+        n = self.receive()
+        self.tick()
+        self.control()
+        self.checkpoint()
+        return n
+
+    # -- the user's side ------------------------------------------------------------------------
+    def ran(self, done: Ranges, results: tuple[tuple[int, Result], ...] = (), failed: tuple[TaskFailure, ...] = (),
+            tasks: int = 0, busy: float = 0.0, longest: float = 0.0) -> None:
+        """The user's loop finished these."""
+        self.handle(Ran(done, results, failed, tasks, busy, longest))
+
+    def need_ids(self) -> tuple[int, int] | None:
+        """Ask for the next range; return it (None: wait, or the loop is over: see ``station.ended``)."""
+        self.handle(NeedIds())
+        return self.station.hand
+
+    def leave(self, unstarted: Ranges = ()) -> None:
+        """The user's loop left early."""
+        self.handle(Leave(unstarted))

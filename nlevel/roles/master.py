@@ -1,0 +1,118 @@
+"""The master: publishes the ids the ledger says are not committed, and commits completions. Pure Python.
+
+The job is finished when the master's queue and boards are empty and no child holds an
+id: everything handed out was committed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from ..model.hierarchy import Hierarchy
+from ..ranges import RangeSet, Ranges
+from .ledger import Ledger
+from .messages import Report, Result, TaskFailure
+from .server import Boards, Server, Sizing
+
+__all__ = ["Master"]
+
+
+class Master(Server):
+    """The root: publishes the ids the ledger says are not committed, and commits completions.
+
+    Args:
+        hierarchy, rank, weights, clock, boards, sizing, epoch: As for :class:`Server`.
+        ledger: The completion record (already holding what earlier runs committed).
+        retries: A task that raised runs again up to this many times.
+        mirror: Keep a copy of each commit for the deputy.
+    """
+
+    def __init__(self, hierarchy: Hierarchy, rank: int, weights: dict[int, int], clock: Callable[[], float],
+                 boards: Boards, sizing: Sizing, ledger: Ledger, retries: int = 0, mirror: bool = False,
+                 epoch: int = 0) -> None:
+        super().__init__(hierarchy, rank, weights, clock, boards, sizing, epoch)
+        self.ledger = ledger
+        self.retries = retries
+        self.attempts: dict[int, int] = {}
+        self.mirror = mirror
+        self.mirror_done = RangeSet()
+        self.mirror_results: list[tuple[int, Result]] = []
+        self.mirror_failed: list[TaskFailure] = []
+        self.queue = ledger.remaining()
+        for f in ledger.failed.values():
+            self.queue.remove(f.id, f.id + 1)  # (a retry of failed ids is asked for explicitly)
+        # Ids handed out under an earlier plan (or to a non-child) not yet committed or
+        # given back: the job is not finished while any is left.
+        self.carried = RangeSet()
+        self.stopped = False
+        self.aside = RangeSet()  # ids not handed out because of the stop
+
+    def stop(self, now: float) -> None:
+        """Hand out nothing more: running work finishes, then everyone is released."""
+        if not self.stopped:
+            self.stopped = True
+            for kind, owner in self.owners.items():
+                owner.take_back_unclaimed(self.boards(self.rank, kind))
+                self._settle_owner(owner, kind, now)
+            self.aside.add_ranges(self.queue.ranges())
+            self.queue = RangeSet()
+
+    def take_back(self, ranges: Ranges) -> None:
+        (self.aside if self.stopped else self.queue).add_ranges(ranges)
+        if self.carried:
+            self.carried.remove_ranges(ranges)
+
+    def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
+        self.ledger.commit(done, results)
+        if self.carried:
+            self.carried.remove_ranges(done)
+        if self.mirror:
+            self.mirror_done.add_ranges(done)
+            self.mirror_results.extend(results)
+
+    def task_failed(self, failure: TaskFailure) -> None:
+        tid = failure.id
+        n = self.attempts[tid] = self.attempts.get(tid, 0) + 1
+        if failure.kind == "raised" and n <= self.retries:
+            self.take_back(((tid, tid + 1),))  # runs again, most likely on another rank
+            return
+        failure = replace(failure, attempts=max(failure.attempts, n))
+        self.ledger.fail(failure)
+        if self.carried:
+            self.carried.remove(tid, tid + 1)
+        if self.mirror:
+            self.mirror_failed.append(failure)
+
+    def _handed_off_below(self, ranges: Ranges) -> None:
+        self.carried.add_ranges(ranges)
+
+    def _stranger(self, start: int, stop: int) -> None:
+        self.carried.add(start, stop)
+
+    def take_orphan(self, report: Report, now: float) -> None:
+        """Completions, given-back ids and failures that arrived under an older plan."""
+        if report.done:
+            self._accept_done(report.done, report.results, now)
+        for f in report.failed:
+            self.task_failed(f)
+        if report.returned:
+            self.carried.remove_ranges(report.returned)
+            self.take_back(report.returned)
+        if report.handed_off:
+            self.carried.add_ranges(report.handed_off)
+
+    @property
+    def exhausted(self) -> bool:
+        return not (self.queue or self.held_total or self.carried or self.reconciling or self.on_board()
+                    or self._limbo())
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether every child left the loop early holding nothing: the job ends here, incomplete."""
+        return (bool(self.children) and all(c.left for c in self.children.values()) and not self.held_total
+                and not self.reconciling)
+
+    @property
+    def finished(self) -> bool:
+        return self.exhausted or self.abandoned

@@ -1,0 +1,157 @@
+"""A region-master: claims blocks from its parent's upper board ahead of need, batches completions upward. Pure Python."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from ..model.hierarchy import Hierarchy
+from ..ranges import RangeSet, Ranges
+from ..stats import RequestTimes
+from .board import CLOSED, Claimer
+from .messages import Report, Result, TaskFailure
+from .server import LEAF, UPPER, Boards, Server, Sizing
+
+__all__ = ["Region"]
+
+
+class Region(Server):
+    """A region-master: claims blocks from its parent's upper board ahead of need, batches completions upward.
+
+    Args:
+        hierarchy, rank, weights, clock, boards, sizing, epoch: As for :class:`Server`.
+        parent: The rank it claims from.
+        batch: Forward completions once this many are buffered ...
+        batch_age: ... or once the oldest is this many seconds old.
+    """
+
+    def __init__(self, hierarchy: Hierarchy, rank: int, weights: dict[int, int], clock: Callable[[], float],
+                 boards: Boards, sizing: Sizing, parent: int, batch: int = 1024, batch_age: float = 0.05,
+                 epoch: int = 0) -> None:
+        super().__init__(hierarchy, rank, weights, clock, boards, sizing, epoch)
+        self.parent = parent
+        self.claimer = Claimer(rank, boards.slots(UPPER), epoch)
+        self.batch = batch
+        self.batch_age = batch_age
+        self.up_done = RangeSet()
+        self.up_results: list[tuple[int, Result]] = []
+        self.up_failed: list[TaskFailure] = []
+        self.up_returned = RangeSet()  # ids to give back upward (this region left, or ids it cannot use)
+        self.up_tasks = 0
+        self.up_busy = 0.0
+        self.oldest_up = math.inf
+        self.parent_final = False
+        self.gone = False  # every child left early: the stock went back to the parent
+        self.requests = RequestTimes()  # this region-master's own claims upward
+        self._asked_at: float | None = None
+
+    def reparent(self, parent: int) -> None:
+        """Claim from ``parent``'s upper board from now on (the old parent died)."""
+        if parent != self.parent:
+            self.parent = parent
+            self.claimer = Claimer(self.rank, self.boards.slots(UPPER), self.epoch)
+
+    def stock(self) -> int:
+        """Ids here not yet taken by a child: queued and on the boards."""
+        return len(self.queue) + self.on_board()
+
+    def target(self) -> int:
+        """Ids to keep in stock: ``prefetch`` ranges per worker, or a few ticks of the region's consumption."""
+        s = self.sizing
+        chunk = self.leaf_chunk(max(1, self.stock()))
+        by_rate = math.ceil(self.rate[LEAF] * s.horizon * 2 * s.prefetch)
+        return max(math.ceil(s.prefetch * chunk * max(1, self.total_weight)), by_rate)
+
+    def refill(self, now: float) -> None:
+        """Claim from the parent's upper board while the stock is under target (a few tickets at most)."""
+        if self.parent_final or self.gone:
+            return
+        mem = self.boards(self.parent, UPPER)
+        for _ in range(4):
+            if self.stock() >= self.target():
+                return
+            if self._asked_at is None:
+                self._asked_at = now
+            t0 = self.clock()
+            claim = self.claimer.claim(mem)
+            if claim.status == "ids":
+                self.queue.add(claim.start, claim.stop)
+                self.requests.add_parts(now - self._asked_at, self.clock() - t0)
+                self._asked_at = None
+            elif claim.status == "final":
+                self.parent_final = True
+                return
+            elif claim.status != "lost":
+                return  # wait (nothing published yet), or stale / closed: messages will say
+
+    def take_back(self, ranges: Ranges) -> None:
+        if self.gone or self.parent_final:
+            self.up_returned.add_ranges(ranges)
+        else:
+            self.queue.add_ranges(ranges)
+
+    def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
+        self.up_done.add_ranges(done)
+        self.up_results.extend(results)
+        if self.oldest_up == math.inf:
+            self.oldest_up = now
+
+    def task_failed(self, failure: TaskFailure) -> None:
+        self.up_failed.append(failure)
+        if self.oldest_up == math.inf:
+            self.oldest_up = self.clock()
+
+    def _handed_off_below(self, ranges: Ranges) -> None:
+        self.handed_off.add_ranges(ranges)
+
+    def _after_report(self, report: Report, now: float) -> None:
+        self.up_tasks += report.tasks
+        self.up_busy += report.busy
+
+    def everyone_left(self) -> bool:
+        """Whether every child has left the loop early."""
+        return bool(self.children) and all(c.left for c in self.children.values())
+
+    def flush_due(self, now: float) -> bool:
+        """Whether buffered completions should go up now."""
+        if not (self.up_done or self.up_failed or self.up_returned or self.handed_off or self.up_tasks):
+            return False
+        idle = not self.queue and not self.on_board()
+        return (len(self.up_done) >= self.batch or now - self.oldest_up >= self.batch_age or idle
+                or self.parent_final or self.gone)
+
+    def flush(self, leaving: bool = False) -> Report:
+        """The buffered completions as a report upward (the buffers start anew)."""
+        report = Report(self.up_done.ranges(), tuple(self.up_results), self.up_returned.ranges(),
+                        tuple(self.up_failed), self.handed_off.ranges(), leaving, tasks=self.up_tasks,
+                        busy=self.up_busy, task_max=self.task_max)
+        self.up_done = RangeSet()
+        self.up_results = []
+        self.up_failed = []
+        self.up_returned = RangeSet()
+        self.handed_off = RangeSet()
+        self.up_tasks = 0
+        self.up_busy = 0.0
+        self.oldest_up = math.inf
+        return report
+
+    def leave(self, now: float) -> Report:
+        """Every child left: give the stock back and leave too."""
+        self.gone = True
+        self.close_boards(CLOSED, now)
+        self.up_returned.add_ranges(self.queue.ranges())
+        self.queue = RangeSet()
+        return self.flush(leaving=True)
+
+    @property
+    def exhausted(self) -> bool:
+        return (self.parent_final and not self.queue and not self.on_board() and not self._limbo()
+                and not self.reconciling)
+
+    @property
+    def finished(self) -> bool:
+        """Parent final (or left), nothing held below, nothing left to send up."""
+        if not (self.parent_final or self.gone):
+            return False
+        return not self.held_total and not self.reconciling and not (
+            self.up_done or self.up_failed or self.up_returned or self.handed_off)

@@ -1,0 +1,118 @@
+"""How a :class:`~nlevel.roles.station.Station` moves a running job to another plan (epochs). Pure Python.
+
+Under ``--levels auto`` the master switches the running job to another plan: it sends
+:class:`~nlevel.roles.messages.Regroup` to every rank and keeps every id handed out before
+as *carried* until it is committed or given back. Each board serves one epoch (its owner
+raises the epoch in the board's HEAD when it starts serving a new one), so a claimer that
+has not switched yet, or has switched before its new parent, learns it from its claim and
+looks at its messages instead. A rank that regroups keeps its worker's queue and hand,
+closes its boards (taking back what was published), hands its region's stock and buffered
+completions straight to the master, builds its roles for the new hierarchy, and tells its
+old parent (:class:`~nlevel.roles.messages.Ack`) that nothing more will come under the old
+plan. Reports that still arrive under an older epoch go to the master as orphans. A rank
+keeps listening (``draining``) until every old child has acknowledged.
+"""
+
+from __future__ import annotations
+
+from ..model.hierarchy import build
+from ..model.plan import Plan
+from ..ranges import RangeSet
+from .board import CLOSED
+from .core import StationCore
+from .events import Effect, Send
+from .messages import Ack, Message, Regroup, Report
+from .master import Master
+from .region import Region
+
+__all__ = ["Replanning"]
+
+
+class Replanning(StationCore):
+    """The plan-changing part of a station."""
+
+    def switch(self, plan: Plan) -> list[Effect]:
+        """The master: move the whole job to ``plan``; return the Regroup messages to send."""
+        old = self.server
+        assert isinstance(old, Master) and self.ledger is not None
+        if self.final_asked:
+            return []  # the job is over: nothing to move
+        now = self.clock()
+        old.close_boards(CLOSED, now)
+        self.epoch += 1
+        carried = old.carried.copy()
+        for child in old.children.values():
+            carried.add_ranges(child.held.ranges())
+        self.draining[self.epoch - 1] = {r for r in old.children if r != self.rank}
+        queue, aside, stopped = old.queue, old.aside, old.stopped
+        self.retire_server()
+        self.plans.append(plan)
+        self.lay_out(build(self.size, plan, self.failed))
+        new = self.server
+        assert isinstance(new, Master)
+        new.queue, new.aside, new.stopped = queue, aside, stopped
+        new.carried = carried
+        new.task_mean, new.task_max, new.deaths = old.task_mean, old.task_max, old.deaths
+        if not self.draining[self.epoch - 1]:
+            del self.draining[self.epoch - 1]
+        regroup = Regroup(self.epoch, plan)
+        return [Send(r, regroup) for r in range(self.size) if r != self.rank and r not in self.failed]
+
+    def regroup(self, msg: Regroup) -> list[Effect]:
+        """Any rank but the master: switch to the master's new plan; return the effects."""
+        if msg.epoch <= self.epoch:
+            return []
+        outs: list[Effect] = []
+        old_parent = self.info.parent
+        master = self.hierarchy.master
+        d = self.server
+        if isinstance(d, Region):
+            d.close_boards(CLOSED, self.clock())
+            returned = d.queue.copy()
+            returned.add_ranges(d.up_returned.ranges())
+            if d.up_done or returned or d.up_failed or d.handed_off:
+                outs.append(Send(master, Report(d.up_done.ranges(), tuple(d.up_results), returned.ranges(),
+                                                tuple(d.up_failed), d.handed_off.ranges(), epoch=msg.epoch,
+                                                orphan=True)))
+            waiting = {r for r, c in d.children.items() if r != self.rank and not (c.left and not c.held)}
+            if waiting:
+                self.draining[self.epoch] = waiting
+            self.retire_server()
+        w = self.worker
+        if w is not None and (w.done or w.failed):
+            report = w.report(self.clock())
+            outs.append(Send(master, Report(report.done, report.results, (), report.failed, epoch=msg.epoch,
+                                            orphan=True, tasks=report.tasks, busy=report.busy,
+                                            task_max=report.task_max)))
+        self.epoch = msg.epoch
+        self.plans.append(msg.plan)
+        self.lay_out(build(self.size, msg.plan, self.failed))
+        if old_parent is not None and old_parent not in self.failed:
+            outs.append(Send(old_parent, Ack(msg.epoch)))
+        future, self.future = self.future, []
+        for src, m in future:
+            outs += self.receive(src, m)
+        return outs + self.serve()
+
+    def ack(self, src: int, msg: Ack) -> list[Effect]:
+        """An old child switched: stop waiting for it."""
+        if msg.epoch > self.epoch:
+            self.future.append((src, msg))  # a child switched before we did: count it after we switch
+            return []
+        waiting = self.draining.get(msg.epoch - 1)
+        if waiting is not None:
+            waiting.discard(src)
+            if not waiting:
+                del self.draining[msg.epoch - 1]
+        return []
+
+    def receive(self, src: int, msg: Message) -> list[Effect]:
+        raise NotImplementedError  # (the Station's)
+
+    def held_below(self) -> RangeSet:
+        """Ids this rank's children hold (for a switch's carried set)."""
+        out = RangeSet()
+        if self.server is not None:
+            for c in self.server.children.values():
+                out.add_ranges(c.held.ranges())
+        return out

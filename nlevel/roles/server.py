@@ -1,0 +1,414 @@
+"""The servers: the master and the region-masters, as state machines around their boards. Pure Python.
+
+A server holds a queue of ids and publishes them on its boards (see
+:mod:`nlevel.roles.board`): a *leaf* board for the ranks that compute (its slaves,
+and itself when it computes) and an *upper* board for the region-masters below it.
+It never answers a request: its children take ids one-sidedly. What it does, when the
+loop ticks or a report arrives:
+
+* **scan** its boards: who took which ids (``held`` per child: exactly what must be taken
+  back if that child dies); tickets fetched but never swapped are taken back after a
+  grace period;
+* **refill** (a region-master): claim blocks from its parent's upper board before its
+  own stock runs low, sized to what its region consumes (the paper's prefetch);
+* **publish** from its queue: ranges sized from the task time (``chunk_target``) and
+  cut by guided self-scheduling (a child of weight ``w`` gets at most
+  ``available * w / (2 * total_weight)``), so that the last ids spread over everyone;
+* take **reports**: completions (the master commits them to the
+  :class:`~nlevel.roles.ledger.Ledger`; a region-master forwards them upward in
+  batches), ids given back, tasks that failed.
+
+:class:`~nlevel.roles.master.Master` and :class:`~nlevel.roles.region.Region` are the two
+kinds of server.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Protocol
+
+from ..model.hierarchy import Hierarchy
+from ..ranges import RangeSet, Ranges
+from .board import MAX_LEN, Memory, Owner
+from .messages import Report, Result, TaskFailure
+from .worker import auto_chunk
+
+__all__ = ["LEAF", "UPPER", "Boards", "Child", "Server", "Sizing"]
+
+#: Board kinds: claimed by ranks that compute, and by region-masters.
+LEAF, UPPER = 0, 1
+
+#: A fetched ticket not swapped after this long (s) is taken back: its claimer died between
+#: its two atomic operations, or gave the ticket up. (A live claimer swaps within microseconds;
+#: one that loses the race simply claims again.)
+LIMBO_GRACE = 0.05
+
+
+class Boards(Protocol):
+    """Where the boards are: the memory of rank ``rank``'s board ``kind`` (an MPI window, or local)."""
+
+    def __call__(self, rank: int, kind: int) -> Memory: ...
+
+    def slots(self, kind: int) -> int:
+        """Ring size of boards of ``kind``."""
+        ...
+
+
+class Sizing:
+    """How big a published range is, and how many to keep on a board. Shared by every server of a farm.
+
+    Args:
+        chunk: Ids per leaf range (0: automatic, from the task time).
+        chunk_target: Automatic ranges aim at this much work (s).
+        max_chunk: Largest automatic range.
+        prefetch: A region-master keeps this many refills' worth of ids in stock.
+        horizon: Seconds of consumption a board keeps published (so that claimers do not
+            find it empty between two of its owner's ticks).
+    """
+
+    def __init__(self, chunk: int = 0, chunk_target: float = 2e-3, max_chunk: int = 256,
+                 prefetch: float = 2.0, horizon: float = 0.01) -> None:
+        self.chunk = chunk
+        self.chunk_target = chunk_target
+        self.max_chunk = max_chunk
+        self.prefetch = prefetch
+        self.horizon = horizon
+
+
+class Child:
+    """What a server knows of one child (a rank, or its own worker)."""
+
+    __slots__ = ("rank", "weight", "kind", "held", "left", "heard", "leased")
+
+    def __init__(self, rank: int, weight: int, kind: int) -> None:
+        self.rank = rank
+        self.weight = weight
+        self.kind = kind
+        self.held = RangeSet()  # ids it took and has not reported finished or given back
+        self.left = False  # it said it leaves (nothing more comes from it)
+        self.heard = 0.0  # when it last took ids or reported (its lease runs from here)
+        self.leased = False  # its lease expired: it is being killed
+
+
+class Server:
+    """What the master and region-masters share: children, queue, boards.
+
+    Args:
+        hierarchy: The laid-out plan (for which child claims from which board).
+        rank: This rank.
+        weights: Ranks that compute under each child (this rank itself, weight 1, when it computes).
+        clock: Returns seconds.
+        boards: This farm's boards.
+        sizing: Range sizes.
+        epoch: The plan epoch the boards serve.
+    """
+
+    def __init__(self, hierarchy: Hierarchy, rank: int, weights: dict[int, int], clock: Callable[[], float],
+                 boards: Boards, sizing: Sizing, epoch: int = 0) -> None:
+        self.rank = rank
+        self.clock = clock
+        self.boards = boards
+        self.sizing = sizing
+        self.epoch = epoch
+        self.queue = RangeSet()
+        self.children: dict[int, Child] = {}
+        self.total_weight = 0
+        self.held_total = 0
+        self.owners: dict[int, Owner] = {}
+        for r, w in weights.items():
+            kind = UPPER if r != rank and hierarchy[r].children else LEAF
+            self._add_child(r, w, kind)
+        self.unexpected = 0  # ids reported done that the child was not holding
+        self.task_mean = 0.0  # mean task time reported from below (s): sizes the ranges
+        self.task_max = 0.0  # longest task reported from below (s): leases follow it
+        self._tasks_seen = 0
+        self.rate: dict[int, float] = {LEAF: 0.0, UPPER: 0.0}  # ids taken per second from each board
+        self._rate_at = clock()
+        self._taken = {LEAF: 0, UPPER: 0}
+        self.claims_seen = 0  # claims attributed (the planner counts arrivals from it)
+        self.claim_log: list[float] | None = None  # when set (sampling), the time of each scan's claims
+        self.served = 0  # ranges taken by children
+        # Fault tolerance.
+        self.settled = RangeSet()  # ids reported finished or given back without being held
+        self.track_settled = False
+        self.deaths: dict[int, int] = {}  # id -> processes that died holding it
+        self.quarantine = 3
+        self.reconciling = False
+        self.handed_off = RangeSet()  # ids taken from these boards by ranks that are not children
+
+    # -- children -------------------------------------------------------------------------
+    def _add_child(self, rank: int, weight: int, kind: int) -> Child:
+        child = self.children[rank] = Child(rank, weight, kind)
+        child.heard = self.clock()
+        self.total_weight += weight
+        if kind not in self.owners:
+            owner = self.owners[kind] = Owner(self.boards.slots(kind))
+            owner.start(self.boards(self.rank, kind), self.epoch)
+        return child
+
+    def drop_child(self, rank: int) -> RangeSet:
+        """Forget a dead child; return the ids it held (the caller requeues or reconciles them)."""
+        self.scan(self.clock())
+        child = self.children.pop(rank)
+        self.held_total -= len(child.held)
+        self.total_weight = max(0, self.total_weight - child.weight)
+        return child.held
+
+    def adopt_child(self, rank: int, weight: int, kind: int, held: RangeSet | None = None) -> Child:
+        """Take a new child (after a failure re-laid the hierarchy), optionally holding ``held``."""
+        child = self.children.get(rank)
+        if child is None:
+            child = self._add_child(rank, weight, kind)
+        if held:
+            self.attach(child, held)
+        return child
+
+    def attach(self, child: Child, held: RangeSet) -> None:
+        """Record that ``child`` holds ``held`` (from a Holding), minus ids already settled."""
+        fresh = held.copy()
+        if self.settled:
+            fresh.remove_ranges(self.settled.ranges())
+        before = len(child.held)
+        child.held.add_ranges(fresh.ranges())
+        self.held_total += len(child.held) - before
+
+    def set_weight(self, rank: int, weight: int) -> None:
+        """A child's subtree changed size."""
+        child = self.children[rank]
+        self.total_weight += weight - child.weight
+        child.weight = weight
+
+    def requeue_lost(self, ids: RangeSet) -> tuple[int, list[int]]:
+        """Ids held by a process that died: queue them again; return (requeued, quarantined ids).
+
+        An id held by ``quarantine`` processes that died is not run again: it is recorded
+        failed (a task that kills its process would otherwise kill every rank in turn).
+        """
+        quarantined: list[int] = []
+        if len(ids) <= 100_000:  # (a dead region-master's stock is not counted one by one)
+            for tid in ids:
+                n = self.deaths[tid] = self.deaths.get(tid, 0) + 1
+                if n >= self.quarantine:
+                    quarantined.append(tid)
+        for tid in quarantined:
+            ids.remove(tid, tid + 1)
+            self.task_failed(TaskFailure(tid, "died", f"quarantined: held by {self.deaths[tid]} processes that died",
+                                         attempts=self.deaths[tid]))
+        self.take_back(ids.ranges())
+        return len(ids), quarantined
+
+    def overdue(self, now: float, lease_min: float, lease_factor: float) -> list[int]:
+        """Children holding ids that have been silent longer than their lease (hung processes).
+
+        The lease is ``lease_min + lease_factor * longest task * ceil(held / weight)``; no
+        lease runs before any task has finished below (nothing is known of task times yet).
+        """
+        if self.task_max <= 0:
+            return []
+        late = []
+        for child in self.children.values():
+            if child.rank == self.rank or not child.held or child.leased:
+                continue
+            per = math.ceil(len(child.held) / max(1, child.weight))
+            if now - child.heard > lease_min + lease_factor * self.task_max * per:
+                child.leased = True
+                late.append(child.rank)
+        return late
+
+    # -- the boards -----------------------------------------------------------------------
+    def scan(self, now: float) -> None:
+        """Attribute what children took from the boards; take back limbo past its grace."""
+        for kind, owner in self.owners.items():
+            mem = self.boards(self.rank, kind)
+            owner.scan(mem, now)
+            owner.reclaim(mem, now - LIMBO_GRACE)
+            self._settle_owner(owner, kind, now)
+
+    def _settle_owner(self, owner: Owner, kind: int, now: float) -> None:
+        if owner.claimed:
+            children = self.children
+            n = 0
+            for rank, a, b in owner.claimed:
+                child = children.get(rank)
+                n += 1
+                if child is None:
+                    self._stranger(a, b)  # an old child of an earlier plan, or a stale claimer
+                    continue
+                self.held_total += child.held.add(a, b)  # (a Holding may have named them already)
+                child.heard = now
+                self._taken[kind] += b - a
+            self.claims_seen += n
+            self.served += n
+            if self.claim_log is not None:
+                self.claim_log.extend([now] * n)
+            owner.claimed.clear()
+        if owner.returned:
+            self.take_back(tuple(owner.returned))
+            owner.returned.clear()
+        dt = now - self._rate_at
+        if dt >= 0.01:
+            for k in self._taken:
+                inst = self._taken[k] / dt
+                self.rate[k] = inst if not self.rate[k] else 0.7 * self.rate[k] + 0.3 * inst
+                self._taken[k] = 0
+            self._rate_at = now
+
+    def on_board(self) -> int:
+        """Ids published and not yet taken, on all boards (as of the last scan)."""
+        return sum(o.on_board for o in self.owners.values())
+
+    def _limbo(self) -> bool:
+        return any(o.limbo for o in self.owners.values())
+
+    def leaf_chunk(self, available: int) -> int:
+        """Ids per leaf range now: from the task time, cut by guided self-scheduling."""
+        s = self.sizing
+        base = s.chunk or (auto_chunk(self.task_mean, s.chunk_target, s.max_chunk) if self._tasks_seen else 1)
+        share = math.ceil(available / (2 * max(1, self.total_weight)))
+        return max(1, min(base, share, MAX_LEN))
+
+    def block(self, available: int, weight: int) -> int:
+        """Ids per upper range (a region-master's refill) for a child of ``weight``."""
+        s = self.sizing
+        chunk = self.leaf_chunk(available)
+        per_worker = self.rate[LEAF] / max(1, self.total_weight) if self.rate[LEAF] else 0.0
+        want = max(chunk * weight, math.ceil(per_worker * weight * s.horizon * 4))
+        share = math.ceil(available * weight / (2 * max(1, self.total_weight)))
+        return max(1, min(want, share, MAX_LEN))
+
+    def publish(self, now: float) -> None:
+        """Keep each board stocked from the queue (a few ticks' consumption, at least a range per claimer).
+
+        Ranges sitting on a board whose claimers all left, or while claimers of the other
+        board wait with the queue empty (the end of a job), are taken back and published
+        where they are wanted.
+        """
+        self._rebalance(now)
+        queue = self.queue
+        if not queue:
+            return
+        available = len(queue) + self.on_board()
+        for kind in (LEAF, UPPER):
+            owner = self.owners.get(kind)
+            if owner is None or owner.flags or not queue:
+                continue
+            claimers = [c for c in self.children.values() if c.kind == kind and not c.left]
+            if not claimers:
+                continue
+            # Enough ranges that every claimer finds one more after taking one, and enough for
+            # what the board's claimers take over the horizon (the owner's tick period, a few times).
+            if kind == LEAF:
+                size = self.leaf_chunk(available)
+                depth = max(2 * len(claimers), math.ceil(self.rate[LEAF] * self.sizing.horizon / size))
+            else:
+                weight = max(1, round(sum(c.weight for c in claimers) / len(claimers)))
+                size = self.block(available, weight)
+                depth = max(2 * len(claimers), math.ceil(self.rate[UPPER] * self.sizing.horizon / size))
+            want = min(owner.room(), depth + owner.waiting - owner.unclaimed_slots)
+            if want <= 0:
+                continue
+            ranges = queue.take_pieces(size, want)
+            if ranges:
+                owner.publish(self.boards(self.rank, kind), list(ranges))
+
+    def _rebalance(self, now: float) -> None:
+        owners = self.owners
+        if not owners:
+            return
+        live = {k: any(c.kind == k and not c.left for c in self.children.values()) for k in owners}
+        starving = not self.queue and any(o.waiting for k, o in owners.items() if live[k])
+        for kind, owner in owners.items():
+            if owner.flags or not owner.unclaimed_slots:
+                continue
+            if not live[kind] or (starving and not owner.waiting):
+                owner.take_back_unclaimed(self.boards(self.rank, kind))
+                self._settle_owner(owner, kind, now)
+
+    def close_boards(self, flags: int, now: float) -> None:
+        """Raise ``flags`` on every board and take back what is still published (see :meth:`Owner.close`)."""
+        for kind, owner in self.owners.items():
+            owner.close(self.boards(self.rank, kind), flags, now)
+            self._settle_owner(owner, kind, now)
+
+    # -- reports -------------------------------------------------------------------------------
+    def on_report(self, src: int, report: Report, now: float) -> None:
+        """A child's report: completions, returned ids, failures, leaving."""
+        self.scan(now)  # what the child took before reporting is attributed first
+        child = self.children.get(src)
+        if child is None:
+            # Not a child (anymore): its completions still count, its ids are nobody's here.
+            child = Child(src, 0, LEAF)
+        child.heard = now
+        if report.task_max > self.task_max:
+            self.task_max = report.task_max
+        if report.tasks:
+            n = self._tasks_seen + report.tasks
+            mean = report.busy / report.tasks
+            self.task_mean += (mean - self.task_mean) * report.tasks / n
+            self._tasks_seen = min(n, 10_000)  # (a moving mean: tasks may change over a job)
+        for a, b in report.done:
+            removed = child.held.remove(a, b)
+            self.held_total -= removed
+            if removed < b - a:
+                self.unexpected += (b - a) - removed
+            if removed < b - a or self.track_settled:
+                self.settled.add(a, b)
+        if report.done:
+            self._accept_done(report.done, report.results, now)
+        for a, b in report.returned:
+            removed = child.held.remove(a, b)
+            self.held_total -= removed
+            if removed < b - a or self.track_settled:
+                self.settled.add(a, b)
+        if report.returned:
+            self.take_back(report.returned)
+        for f in report.failed:
+            self.held_total -= child.held.remove(f.id, f.id + 1)
+            if self.track_settled:
+                self.settled.add(f.id, f.id + 1)
+            self.task_failed(f)
+        for a, b in report.handed_off:
+            self.held_total -= child.held.remove(a, b)
+        if report.handed_off:
+            self._handed_off_below(report.handed_off)
+        if report.leaving and src in self.children:
+            child.left = True
+        self._after_report(report, now)
+
+    # -- what the master and the regions do differently ----------------------------------------
+    def take_back(self, ranges: Ranges) -> None:
+        """Ids given back (unstarted, or taken back from a board): queue them again."""
+        self.queue.add_ranges(ranges)
+
+    def task_failed(self, failure: TaskFailure) -> None:
+        raise NotImplementedError
+
+    def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
+        raise NotImplementedError
+
+    def _handed_off_below(self, ranges: Ranges) -> None:
+        raise NotImplementedError
+
+    def _stranger(self, start: int, stop: int) -> None:
+        """Ids taken from a board here by a rank that is not a child: they are tracked above."""
+        self.handed_off.add(start, stop)
+
+    def published(self) -> RangeSet:
+        """Ids on the boards, published and not yet attributed to a claimer."""
+        out = RangeSet()
+        for owner in self.owners.values():
+            out.add_ranges(owner.published())
+        return out
+
+    def _after_report(self, report: Report, now: float) -> None:
+        pass
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether no id will ever be published here again."""
+        raise NotImplementedError
+
+    @property
+    def finished(self) -> bool:
+        """Whether this server owes nobody anything more."""
+        raise NotImplementedError

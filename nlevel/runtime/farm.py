@@ -1,0 +1,351 @@
+"""A farm's life on one rank: set-up and end (both collective), and the calls of the user's loop in between.
+
+Set-up (:meth:`FarmRuntime.__init__`) takes a handful of collectives: the private ``Dup``;
+one broadcast of what rank 0 decided (settings, plan, checkpoint state); one agreement
+that every rank can go on; the window of the boards (``Win.Allocate``) with its
+self-test; under fault tolerance, where every rank runs. No fixed sleep, no wait for a
+decision: under ``--levels auto`` the job starts on the first plan at once and the
+planner decides while it runs.
+
+The end (:meth:`FarmRuntime.end`) waits asleep until every rank is done (under ULFM: an
+agreement while still answering a new master's questions), then gathers a few numbers
+per rank and merges the statistics up a tree for the report.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from .._version import __version__
+from ..config import Config
+from ..errors import ConfigError, NlevelError
+from ..model.hierarchy import Hierarchy, build
+from ..roles.events import Ran
+from ..roles.ledger import Ledger
+from ..roles.loop import Loop
+from ..roles.station import Station
+from ..roles.core import TIMELINE_BIN
+from ..roles.region import Region
+from . import checkpoint as ckpt
+from . import control, signals, window
+from .rank import MpiPort, Runner, clock
+from .report import build_report, merge_stats, timeline
+from .transport import Transport, world
+
+__all__ = ["FarmRuntime", "default_app"]
+
+_WINDOW, _SELF_TEST = 4, 8
+
+
+def default_app() -> str:
+    """The main script's file name (the run's identity when the app does not give one)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return os.path.basename(path) if path else "<interactive>"
+
+
+def _check_total(total: Any) -> str | None:
+    if isinstance(total, bool) or not hasattr(total, "__index__"):
+        return f"total must be a non-negative integer, got {total!r} ({type(total).__name__})"
+    if int(total) < 0:
+        return f"total must be a non-negative integer, got {int(total)}"
+    return None
+
+
+class FarmRuntime:
+    """The MPI side of one :class:`~nlevel.api.Farm` on this rank.
+
+    Args:
+        total, checkpoint, comm, fingerprint, fresh, config, result_fields: As for the Farm.
+
+    Raises:
+        ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value.
+    """
+
+    def __init__(self, total: Any, checkpoint: Any, comm: Any, fingerprint: Any, fresh: bool,
+                 config: Config | None, result_fields: tuple[str, ...] | None) -> None:
+        self.started = time.time()
+        self.t0 = clock()
+        self.width = len(result_fields) if result_fields else 1
+        self.result_fields = result_fields
+        t = self.t = Transport(comm if comm is not None else world())
+        self.rank, self.size = t.rank, t.size
+        self.boards: Any = None
+        self.report: dict[str, Any] | None = None
+        self.failed: tuple[int, ...] = ()
+        self.survivors: Transport | None = None
+        self.exit_code: int | None = None
+        self.writer: ckpt.Writer | None = None
+        try:
+            self._setup(total, checkpoint, fingerprint, fresh, config)
+        except BaseException:
+            if self.boards is not None:
+                self.boards.close(collective=False)
+            t.comm.Free()
+            raise
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _setup(self, total: Any, checkpoint: Any, fingerprint: Any, fresh: bool, config: Config | None) -> None:
+        t = self.t
+        failure: BaseException | None = None
+        if self.rank == 0:
+            try:
+                decided: tuple[str, Any] = ("ok", self._decide(total, checkpoint, fingerprint, fresh, config))
+            except NlevelError as exc:
+                decided = ("error", exc)
+            except BaseException as exc:  # any failure on rank 0 must fail every rank, not hang them
+                failure = exc
+                decided = ("error", NlevelError(f"rank 0 failed while setting up the farm: {exc!r}"))
+        else:
+            decided = ("", None)
+        status, value = t.bcast(decided)
+        if status == "error":
+            if failure is not None:
+                raise failure
+            raise value
+        cfg, plan, path, meta, total0 = value
+        self.config: Config = cfg
+        self.checkpoint: str | None = path
+        self.meta: ckpt.RunMeta | None = meta
+        problem = _check_total(total)
+        mine = int(total) if problem is None else total0
+        self.total = total0
+        self.hierarchy: Hierarchy = build(self.size, plan)
+        info = self.hierarchy[self.rank]
+        needs_threads = bool(info.children) and info.computes
+        bad, threads, hi, neg_lo = t.max_ints([int(problem is not None), int(needs_threads and not t.thread_multiple),
+                                                mine, -mine])
+        if bad:
+            raise ConfigError(problem or "total is invalid on another rank (see its error message)")
+        if hi != -neg_lo:
+            raise ConfigError(f"get_task_id/Farm called with different totals on different ranks (min {-neg_lo}, "
+                              f"max {hi}); every rank must pass the same total")
+        if threads:
+            raise ConfigError(
+                "this MPI does not provide MPI_THREAD_MULTIPLE, which a master or region-master that "
+                "also computes needs; use serve_only='all' (--serve-only all) or an MPI with thread support")
+        t.poll_max = cfg.poll_max
+        self.boards, self.grants_note = self._boards(cfg)
+        if cfg.ft:
+            t.learn_places()  # where every rank runs: a hung one is killed from its host
+            t.enable_ft()  # from here on a dead rank is an event, not an error
+        ledger = self._ledger if self.rank == 0 else None
+        self.station = Station(self.hierarchy, self.rank, cfg, clock, self.boards, self.total, ledger, self.width)
+        self.port = MpiPort(t, cfg, path, meta, self.writer, self.width)
+        self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval)
+        self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided")
+        self.progress: Any = None
+        if self.rank == 0 and cfg.progress:
+            from .progress import Progress
+
+            led = self._ledger
+            self.progress = Progress(self.total, lambda: led.n_committed, plan.describe(),
+                                     cfg.progress_interval, led.resumed)
+        if self.grants_note and self.rank == 0:
+            sys.stderr.write(f"nlevel: {self.grants_note}\n")
+        self.runner.start()
+
+    def _decide(self, total: Any, checkpoint: Any, fingerprint: Any, fresh: bool,
+                config: Config | None) -> tuple[Any, ...]:
+        """Rank 0: settings, the first plan, and the checkpoint's state."""
+        problem = _check_total(total)
+        if problem:
+            raise ConfigError(problem)
+        total = int(total)
+        config = config if config is not None else Config.from_env()
+        plan = config.plan(self.size)
+        path = os.fspath(checkpoint) if checkpoint is not None else None
+        snap = ckpt.Snapshot.empty()
+        meta = None
+        if path is not None:
+            if fingerprint is None:
+                fingerprint = {"app": default_app()}
+            if isinstance(fingerprint, str):
+                fingerprint = {"app": fingerprint}
+            params = {k: v for k, v in fingerprint.items() if k != "app"}
+            if self.result_fields is not None:
+                params["result_fields"] = list(self.result_fields)  # the results' width is part of the run
+            fp, source = ckpt.fingerprint(str(fingerprint.get("app")), params)
+            meta = ckpt.RunMeta(total, fp, source, plan.to_json(), __version__)
+            snap = ckpt.load(path, meta, fresh=fresh)
+            self.writer = ckpt.Writer(path, meta)
+            os.makedirs(control.control_dir(path), exist_ok=True)  # operators' requests (python -m nlevel.drain)
+        self._ledger = snap.ledger(total, self.width)
+        return config, plan, path, meta, total
+
+    def _boards(self, cfg: Config) -> tuple[Any, str]:
+        """The boards: one-sided in a window (self-tested), or the two-sided fallback; and a note to print."""
+        t = self.t
+        slots = (cfg.board_slots, max(16, cfg.board_slots // 8))
+        if cfg.grants == "two-sided":
+            return window.MessageBoards(t, self.rank, slots, cfg.poll_max, lambda: t.failed), \
+                "grants are two-sided (--grants two-sided): every claim is a message to the parent's server"
+        boards, problem = window.allocate(t.comm, self.rank, slots)
+        if problem:
+            sys.stderr.write(f"nlevel: {problem}\n")  # (this rank's own: it names the rank and the MPI error)
+        failed = t.bits(_WINDOW if problem else 0)  # (also: every board is initialised before anyone claims)
+        if not failed and boards is not None:
+            # Self-test: every rank adds 1 to rank 0's test word; the values they saw before their
+            # additions are 0 .. size-1 in some order when the atomics work.
+            seen = -1
+            try:
+                seen = boards(0, 0).fetch_add(window.SELF_TEST, 1)
+            except Exception as exc:  # noqa: BLE001 (an MPI error of any kind: fall back)
+                problem = f"rank {self.rank}: fetch-and-add on rank 0's window failed: {exc}"
+            bad, total = t.sum_ints([int(bool(problem)), seen])
+            if problem:
+                sys.stderr.write(f"nlevel: {problem}\n")  # (this rank's own)
+            elif not bad and total != self.size * (self.size - 1) // 2:
+                problem = (f"the window's self-test saw values summing to {total} from {self.size} atomic additions "
+                           f"(expected {self.size * (self.size - 1) // 2})")
+            failed = _SELF_TEST if bad or problem else 0
+        if not failed:
+            assert boards is not None
+            return boards, ""
+        if boards is not None:
+            boards.close(collective=True)
+        return window.MessageBoards(t, self.rank, slots, cfg.poll_max, lambda: t.failed), \
+            f"one-sided operations do not work here ({problem or 'see the message above'}); falling back to " \
+            f"two-sided grants (messages to each server)"
+
+    # -- the user's loop --------------------------------------------------------------------
+    def next_range(self, ran: Ran | None) -> tuple[int, int] | None:
+        """Report what ran; return the next range (None: this rank's loop is over)."""
+        return self.runner.next_range(ran)
+
+    def leave(self, unstarted: tuple[tuple[int, int], ...], ran: Ran | None) -> None:
+        """The user's loop left early."""
+        self.runner.leave(unstarted, ran)
+
+    @property
+    def ledger(self) -> Ledger | None:
+        """The master's ledger (None on other ranks)."""
+        return self.station.ledger if self.station.is_master else None
+
+    @property
+    def drained(self) -> bool:
+        """Whether an operator took this rank out of the job."""
+        return self.station.drain_requested
+
+    # -- the end ------------------------------------------------------------------------------
+    def end(self) -> None:
+        """This rank's loop is over: serve until the job is, then the collective end and the report."""
+        runner, st, t = self.runner, self.station, self.t
+        if self.progress is not None:
+            self.progress.close()
+        runner.finish_serving()
+        runner.stop()
+        if st.drain_requested and t.ft and st.server is None:
+            # Drained: its ids went back and its last completions up; free the core now. Under
+            # ULFM the others take its SIGKILL for what it is (it left first, holding nothing).
+            t.flush(timeout=5.0)
+            time.sleep(0.2)  # let the leaving report land before the process is gone
+            self.port.log("drained: leaving the job")
+            from .transport import kill_self
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            kill_self()
+        if t.ft:
+            t.end_together(runner.step)  # answer a new master's questions until every live rank is done
+            t.flush(timeout=5.0)  # (a send to a rank that died never completes)
+            tt = t.shrink()  # the survivors, whoever they are: every collective from here is theirs
+            alive = set(tt.comm.allgather(self.rank))
+            self.failed = tuple(r for r in range(self.size) if r not in alive)
+            if self.failed:
+                self.exit_code = 1  # the master's report decides (below)
+        else:
+            t.flush()
+            t.idle_barrier(runner.step)  # ranks that finish early wait asleep, still answering their children
+            tt = t
+        self.survivors = tt
+        row, merged = self._stats()
+        rows = tt.gather(row)
+        totals = tt.reduce(merged, merge_stats)
+        error: BaseException | None = self.port.checkpoint_error
+        ledger = self.ledger
+        if ledger is not None and rows is not None:
+            if self.port.writer is not None and not self.loop.final_written and self.port.write_checkpoint(ledger, True):
+                error = self.port.checkpoint_error
+            self.report = self._report(rows, totals, ledger)
+            if error is not None:
+                self.report["checkpoint_error"] = str(error)
+        signals.quiet()  # the job is over here: a late SIGUSR1 must not kill the process while it ends
+        if self.report is not None and self.exit_code is not None:
+            self.exit_code = 0 if self.report["complete"] else 1
+        self.boards.close(collective=not self.failed)
+        t.close()
+        if tt is not t and not self.failed:
+            tt.comm.Free()
+        if self.exit_code is not None:
+            self.exit_code = int(tt.bcast(self.exit_code))  # rank 0 of the survivors is the master
+        if error is not None:
+            raise error if isinstance(error, NlevelError) else ckpt.CheckpointError(str(error))
+
+    def _stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """This rank's (row, mergeable statistics) for the run report."""
+        st = self.station
+        info = st.info
+        w, d = st.worker, st.server
+        row: dict[str, Any] = {
+            "rank": self.rank,
+            "role": info.role.value,
+            "level": info.level,
+            "tasks": w.task_times.n if w is not None else 0,
+            "busy_s": w.task_times.total if w is not None else 0.0,
+            "served": st.served,
+        }
+        requests: dict[int, Any] = {}
+        if w is not None and w.claims.total.n and w.parent != self.rank:
+            requests[info.level] = w.claims  # its claims on its parent's board, one level up
+        elif w is not None and w.claims.total.n and info.level == 0:
+            requests[info.level + 1] = w.claims  # the master's own loop claims from its own board
+        if isinstance(d, Region) and d.requests.total.n:
+            requests.setdefault(info.level, d.requests)
+        merged: dict[str, Any] = {
+            "tasks": w.task_times if w is not None else None,
+            "requests": requests,
+            "unexpected": d.unexpected if d is not None else 0,
+            "failures": [f.to_dict() for f in st.failures],
+            "timeline": {self.rank: dict(st.served_bins)} if st.served_bins else {},
+        }
+        return row, merged
+
+    def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
+        st = self.station
+        report = build_report(
+            config=self.config, hierarchy=st.hierarchy, rows=rows, totals=totals, ledger=ledger,
+            started=self.started, wall=clock() - self.t0, checkpoint=self.checkpoint, writer=self.port.writer,
+            failures=sorted((f for f in totals["failures"] if not f["how"].startswith("drained")),
+                            key=lambda f: f["detected_at"]),
+        )
+        report["grants"] = self.boards.kind
+        report["dead_ranks"] = list(self.failed)
+        report["timeline"] = timeline(totals.get("timeline", {}), TIMELINE_BIN)
+        report["drained"] = [{"rank": r, "requested_at": t0} for r, t0 in sorted(st.drained.items())]
+        report["plan_history"] = [p.to_dict() for p in st.plans]
+        report["stopped"] = "SIGUSR1" if st.stopped else None
+        report["decisions"] = st.planner.report() if st.planner is not None else []
+        return report
+
+    def results(self) -> tuple[Any, Any] | None:
+        """The master: (ids, values) of every committed result; None elsewhere."""
+        ledger = self.ledger
+        if ledger is None:
+            return None
+        _, ids, values = ledger.arrays()
+        return ids, values
+
+    def agree_status(self, status: int) -> int:
+        """The worst of every surviving rank's ``status`` (collective; after the end)."""
+        tt = self.survivors or self.t
+        return tt.allreduce_max(status)
+
+    @property
+    def ft(self) -> bool:
+        """Whether dead ranks are survived (ULFM)."""
+        return bool(self.t.ft)
+

@@ -1,0 +1,278 @@
+"""One rank's runtime: the loop (:mod:`nlevel.roles.loop`) over MPI, with a server thread where one is needed.
+
+:class:`MpiPort` is the loop's way to the world on an MPI rank: the transport, kills,
+the checkpoint file, the control directory and SIGUSR1. :class:`Runner` decides who
+runs the loop's steps and when:
+
+* a rank that serves others and also computes runs them in a server thread that wakes
+  every few hundred microseconds while its boards are busy and backs off to
+  ``server_period`` when they are not (it never spins, and it is never on a child's
+  grant path: children claim one-sidedly);
+* a serve-only server runs them in its main thread until the job is over;
+* a slave runs them only while its user loop waits for ids.
+
+One lock guards the station: the user's loop takes it once per range, not per id.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from ..config import Config
+from ..errors import NlevelError
+from ..roles.events import DrainRequest, Ran
+from ..roles.ledger import Ledger
+from ..roles.loop import Loop
+from ..roles.messages import KillRequest, Message, TaskFailure
+from ..roles.station import Station
+from . import checkpoint as ckpt
+from . import control, signals
+from .backoff import Backoff
+
+__all__ = ["MpiPort", "Runner", "clock"]
+
+clock = time.perf_counter
+
+
+class MpiPort:
+    """The loop's port on one MPI rank.
+
+    Args:
+        transport: The farm's :class:`~nlevel.runtime.transport.Transport`.
+        config: Settings.
+        checkpoint: The checkpoint path (None: no checkpoint).
+        meta: The run's identity in the checkpoint.
+        writer: The master's checkpoint writer (None elsewhere: a rank that becomes
+            master makes its own).
+        result_width: Numbers per task result.
+    """
+
+    def __init__(self, transport: Any, config: Config, checkpoint: str | None, meta: ckpt.RunMeta | None,
+                 writer: ckpt.Writer | None, result_width: int) -> None:
+        self.t = transport
+        self.rank = transport.rank
+        self.config = config
+        self.checkpoint = checkpoint
+        self.meta = meta
+        self.writer = writer
+        self.width = result_width
+        self.control_dir = control.control_dir(checkpoint) if checkpoint else None
+        self._control_at = 0.0
+        self._pending: dict[str, dict[str, Any] | None] = {}
+        self.checkpoint_error: BaseException | None = None
+
+    def send(self, dest: int, msg: Message) -> None:
+        self.t.send(dest, msg)
+
+    def poll(self) -> Any:
+        return self.t.poll()
+
+    def kill(self, rank: int, why: str) -> None:
+        t = self.t
+        if rank in t.failed or rank == self.rank:
+            return
+        if t.kill(rank):
+            self.log(f"rank {rank} {why}: killed it")
+            return
+        relay = t.relay_for(rank)
+        if relay is not None:
+            t.send(relay, KillRequest(rank, why))
+
+    def write_checkpoint(self, ledger: Ledger, final: bool) -> str:
+        if self.checkpoint is None or self.meta is None:
+            return ""
+        try:
+            if self.writer is None:
+                self.writer = ckpt.Writer(self.checkpoint, self.meta)  # a new master
+            completed, ids, values = ledger.arrays()
+            snap = ckpt.Snapshot(completed, ids, values, failed=tuple(ledger.failed.values()))
+            if final:
+                self.writer.close(snap)
+            else:
+                self.writer.submit(snap)
+        except Exception as exc:  # recorded; the job still ends cleanly (the old file is intact)
+            self.checkpoint_error = exc
+            return str(exc)
+        return ""
+
+    def load_checkpoint(self) -> tuple[Ledger | None, str]:
+        if self.checkpoint is None or self.meta is None:
+            return None, ""
+        try:
+            snap = ckpt.load(self.checkpoint, self.meta)
+        except NlevelError as exc:
+            self.log(f"taking over as master, the checkpoint is unusable ({exc}); every uncommitted task runs again")
+            return None, str(exc)
+        return snap.ledger(self.meta.total, self.width), ""
+
+    def answer(self, token: str, outcome: dict[str, object]) -> None:
+        request = self._pending.pop(token, None)
+        control.answer(token, request, **outcome)
+
+    def log(self, text: str) -> None:
+        sys.stderr.write(f"nlevel: rank {self.rank}: {text}\n")
+        sys.stderr.flush()
+
+    def requests(self) -> list[DrainRequest]:
+        if self.control_dir is None or clock() < self._control_at:
+            return []
+        self._control_at = clock() + self.config.control_interval
+        out: list[DrainRequest] = []
+        for path, request in control.pending(self.control_dir):
+            if request is None or request.get("action") != "drain":
+                control.answer(path, request, error=f"not a request nlevel understands: {request!r}")
+                continue
+            self._pending[path] = request
+            ranks = request.get("ranks")
+            out.append(DrainRequest(path, tuple(ranks) if ranks is not None else None, request.get("count")))
+        return out
+
+    def stop_requested(self) -> bool:
+        return signals.requested()
+
+
+class Runner:
+    """Runs one rank's loop: in a server thread, in the main thread, or while the user's loop waits.
+
+    Args:
+        station: The rank's state machine.
+        loop: The loop around it.
+        config: Settings (``poll_max``: the longest sleep of a waiting loop; ``server_period``:
+            the longest sleep of an idle server thread).
+        two_sided: Boards are reached by messages: a server answers them promptly.
+    """
+
+    def __init__(self, station: Station, loop: Loop, config: Config, two_sided: bool = False) -> None:
+        self.station = station
+        self.loop = loop
+        self.config = config
+        self.lock = threading.Lock()
+        self.error: BaseException | None = None
+        self.period_max = config.poll_max if two_sided else max(config.poll_max, config.server_period)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._old_switch = sys.getswitchinterval()
+        self._last_tick = 0.0
+
+    # -- the server's side ------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the server thread if this rank serves others and computes."""
+        st = self.station
+        if st.worker is not None and st.serves_remote and self._thread is None:
+            if self.config.switch_interval > 0:
+                sys.setswitchinterval(self.config.switch_interval)
+            self._thread = threading.Thread(target=self._serve_guarded, name="nlevel-server", daemon=True)
+            self._thread.start()
+
+    def _serve_guarded(self) -> None:
+        try:
+            self.serve()
+        except BaseException as exc:  # surfaced in the main thread; never a silent hang
+            self.error = exc
+
+    def serve(self, until: Callable[[], bool] | None = None) -> None:
+        """Run the loop's steps until this rank serves nobody (or ``until()``), sleeping when idle."""
+        st, loop = self.station, self.loop
+        period = base = 5e-5
+        while not self._stop.is_set():
+            with self.lock:
+                n = loop.step()
+                busy = n > 0 or self._demand()
+                if (st.done_serving and st.ended) or (until is not None and until()):
+                    return
+                if st.done_serving and self._thread is threading.current_thread():
+                    return  # (the main thread finishes the rank's own loop)
+            period = base if busy else min(period * 2, self.period_max)
+            time.sleep(period)
+
+    def _demand(self) -> bool:
+        d = self.station.server
+        return d is not None and any(o.waiting for o in d.owners.values())
+
+    def stop(self) -> None:
+        """Stop the server thread (after the job) and give the user back Python's switch interval."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            sys.setswitchinterval(self._old_switch)
+        self.raise_error()
+
+    def raise_error(self) -> None:
+        """Re-raise in the main thread what killed the server thread."""
+        if self.error is not None:
+            raise RuntimeError(f"nlevel server thread on rank {self.station.rank} failed: {self.error!r}") \
+                from self.error
+
+    # -- the user's side -----------------------------------------------------------------------
+    def next_range(self, ran: Ran | None) -> tuple[int, int] | None:
+        """Report what ran and return the next range for the user's loop (None: the loop is over)."""
+        st, loop = self.station, self.loop
+        if st.worker is None:
+            self.serve()  # a serve-only server: its loop is the job's
+            return None
+        with self.lock:
+            if ran is not None:
+                loop.handle(ran)
+            if self._thread is None and st.server is not None:
+                loop.step()  # a server with no thread (one process): its checkpoint, signals and operators
+            hand = loop.need_ids()
+            if hand is not None or st.ended:
+                return hand
+        backoff = Backoff(self.config.poll_max)
+        while True:
+            self.raise_error()
+            threaded = self._serving()
+            with self.lock:
+                if not threaded:
+                    loop.step()  # nobody else moves this rank's messages while its user loop waits
+                hand = loop.need_ids()
+                if hand is not None or st.ended:
+                    return hand
+            backoff.wait()
+
+    def _serving(self) -> bool:
+        """Whether a server thread runs this rank's loop (started anew when a plan change or a
+        failure made this rank a server; a thread whose server side is over has ended)."""
+        th = self._thread
+        if th is not None and th.is_alive():
+            return True
+        st = self.station
+        if st.worker is not None and st.serves_remote and not st.done_serving:
+            self._thread = None
+            self._stop.clear()
+            self.start()
+            return True
+        return False
+
+    def leave(self, unstarted: tuple[tuple[int, int], ...], ran: Ran | None) -> None:
+        """The user's loop left early: report what ran, give back the rest."""
+        with self.lock:
+            if ran is not None:
+                self.loop.handle(ran)
+            self.loop.leave(unstarted)
+
+    def finish_serving(self) -> None:
+        """The user's loop is over here: serve until this rank owes nobody anything."""
+        st = self.station
+        if self._thread is not None:
+            self._thread.join()
+            self.raise_error()
+        if not st.done_serving:
+            self.serve(until=lambda: st.done_serving)
+        with self.lock:
+            self.loop.receive()
+
+    def step(self) -> bool:
+        """One round of the loop (for the end-of-job agreement); return whether anything arrived."""
+        with self.lock:
+            return self.loop.step() > 0
+
+
+def task_failure(task_id: int, rank: int, host: str, exc: BaseException, tb: str) -> TaskFailure:
+    """A task that raised, as data: where, what, and the last lines of its traceback."""
+    lines = tb.splitlines(keepends=True)[-20:]
+    return TaskFailure(task_id, "raised", f"{type(exc).__name__}: {exc}", rank, host, "".join(lines))
+

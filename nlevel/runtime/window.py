@@ -1,0 +1,243 @@
+"""The boards in an MPI window: one-sided grants (see :mod:`nlevel.roles.board`), and the two-sided fallback.
+
+Every rank of the farm exposes its two boards (leaf and upper) in one window allocated
+once at set-up over the farm's communicator (``Win.Allocate``, passive target,
+``Lock_all`` for the whole job). A plan change does not need a new window: a child
+simply claims from another rank's board. After a death under ULFM the window is kept:
+on one node (``osc/sm``) atomics on it go on working, the dead owner's memory included
+(measured, see the README's fault-tolerance section); an operation that fails is
+reported like any failure.
+
+Without usable one-sided operations (``--grants two-sided``, a window that cannot be
+allocated, or a self-test that fails at set-up) each board lives in its owner's memory
+and a claimer's operations travel to the owner as messages
+(:class:`~nlevel.roles.messages.BoardOp`), answered by the owner's loop.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from ..roles.board import EMPTY, HEADER, LocalMemory, words
+from ..roles.messages import BoardOp, BoardReply, Tag, decode
+from .backoff import Backoff
+
+__all__ = ["WindowBoards", "LocalBoards", "MessageBoards", "allocate", "SELF_TEST"]
+
+#: The reserved word of each board that the set-up self-test counts on.
+SELF_TEST = 2
+
+
+class WindowMemory:
+    """Board ``base`` (a word offset) of rank ``target`` in ``win``: every operation completes before it returns."""
+
+    __slots__ = ("win", "target", "base", "_one", "_res", "_cmp")
+
+    def __init__(self, win: Any, target: int, base: int) -> None:
+        self.win = win
+        self.target = target
+        self.base = base
+        self._one = np.zeros(1, np.int64)
+        self._res = np.zeros(1, np.int64)
+        self._cmp = np.zeros(1, np.int64)
+
+    def fetch_add(self, index: int, n: int) -> int:
+        self._one[0] = n
+        self.win.Fetch_and_op(self._one, self._res, self.target, self.base + index, MPI.SUM)
+        self.win.Flush(self.target)
+        return int(self._res[0])
+
+    def read(self, index: int, count: int) -> np.ndarray:
+        out = np.empty(count, np.int64)
+        if count == 1:
+            self.win.Fetch_and_op(self._one, out, self.target, self.base + index, MPI.NO_OP)
+        else:
+            self.win.Get_accumulate(out, out, self.target, (self.base + index, count, MPI.INT64_T), MPI.NO_OP)
+        self.win.Flush(self.target)
+        return out
+
+    def write(self, index: int, values: np.ndarray) -> None:
+        values = np.ascontiguousarray(values, np.int64)
+        self.win.Accumulate(values, self.target, (self.base + index, len(values), MPI.INT64_T), MPI.REPLACE)
+        self.win.Flush(self.target)
+
+    def cas(self, index: int, expected: int, new: int) -> int:
+        self._cmp[0] = expected
+        self._one[0] = new
+        self.win.Compare_and_swap(self._one, self._cmp, self._res, self.target, self.base + index)
+        self.win.Flush(self.target)
+        return int(self._res[0])
+
+
+class WindowBoards:
+    """Every rank's boards in one MPI window (see :func:`allocate`).
+
+    Args:
+        win: The window (locked for the whole job with ``Lock_all``).
+        slots: Ring sizes of the leaf and the upper board.
+    """
+
+    kind = "one-sided"
+
+    def __init__(self, win: Any, slots: tuple[int, int]) -> None:
+        self.win = win
+        self._slots = slots
+        self._bases = (0, words(slots[0]))
+        self._mem: dict[tuple[int, int], WindowMemory] = {}
+
+    def __call__(self, rank: int, kind: int) -> WindowMemory:
+        mem = self._mem.get((rank, kind))
+        if mem is None:
+            mem = self._mem[(rank, kind)] = WindowMemory(self.win, rank, self._bases[kind])
+        return mem
+
+    def slots(self, kind: int) -> int:
+        return self._slots[kind]
+
+    def close(self, collective: bool) -> None:
+        """End the access epoch; with ``collective`` (every rank alive) free the window too."""
+        try:
+            self.win.Unlock_all()
+            if collective:
+                self.win.Free()
+        except MPI.Exception:
+            pass  # (after failures the window cannot be trusted; the process ends with os._exit)
+
+
+def allocate(comm: Any, rank: int, slots: tuple[int, int]) -> tuple[WindowBoards | None, str]:
+    """Allocate the farm's window and initialise this rank's boards (collective over ``comm``).
+
+    Returns the boards, or None and the reason (naming this rank and the MPI error) when
+    the allocation failed here. The caller agrees with the other ranks and self-tests.
+    """
+    n = words(slots[0]) + words(slots[1])
+    try:
+        win = MPI.Win.Allocate(8 * n, 8, MPI.INFO_NULL, comm)
+    except MPI.Exception as exc:
+        return None, f"rank {rank}: MPI_Win_allocate of {8 * n} bytes failed: {exc.Get_error_string()}"
+    try:
+        win.Set_errhandler(MPI.ERRORS_RETURN)
+        win.Lock_all()
+        init = np.full(n, EMPTY, np.int64)
+        for base in (0, words(slots[0])):
+            init[base : base + HEADER] = 0
+        win.Accumulate(init, rank, (0, n, MPI.INT64_T), MPI.REPLACE)
+        win.Flush(rank)
+    except MPI.Exception as exc:
+        return None, f"rank {rank}: one-sided operations on the window failed: {exc.Get_error_string()}"
+    return WindowBoards(win, slots), ""
+
+
+class LocalBoards:
+    """This rank's own boards in local memory (the owner's side of the two-sided fallback)."""
+
+    def __init__(self, slots: tuple[int, int]) -> None:
+        self._slots = slots
+        self.mem = (LocalMemory(slots[0]), LocalMemory(slots[1]))
+
+    def slots(self, kind: int) -> int:
+        return self._slots[kind]
+
+
+class RemoteMemory:
+    """A claimer's view of another rank's board in the two-sided fallback: each operation is a round trip."""
+
+    __slots__ = ("transport", "owner", "kind", "wait")
+
+    def __init__(self, transport: Any, owner: int, kind: int, wait: Callable[[int], tuple[int, ...]]) -> None:
+        self.transport = transport
+        self.owner = owner
+        self.kind = kind
+        self.wait = wait
+
+    def _op(self, op: str, index: int, a: int = 0, b: int = 0) -> tuple[int, ...]:
+        self.transport.send(self.owner, BoardOp(self.kind, op, index, a, b))
+        return self.wait(self.owner)
+
+    def fetch_add(self, index: int, n: int) -> int:
+        return self._op("fetch_add", index, n)[0]
+
+    def read(self, index: int, count: int) -> np.ndarray:
+        return np.array(self._op("read", index, count), np.int64)
+
+    def write(self, index: int, values: np.ndarray) -> None:
+        raise RuntimeError("only a board's owner writes it")
+
+    def cas(self, index: int, expected: int, new: int) -> int:
+        return self._op("cas", index, expected, new)[0]
+
+
+class MessageBoards:
+    """The two-sided fallback: this rank's boards are local; another's are reached by messages.
+
+    Args:
+        transport: The farm's transport (its ``comm`` for matched receives of replies).
+        rank: This rank.
+        slots: Ring sizes.
+        poll_max: Backoff ceiling while waiting for a reply (s).
+        dead: Returns the ranks known dead (a reply from one never comes).
+    """
+
+    kind = "two-sided"
+
+    def __init__(self, transport: Any, rank: int, slots: tuple[int, int], poll_max: float,
+                 dead: Callable[[], Any]) -> None:
+        self.transport = transport
+        self.rank = rank
+        self.own = LocalBoards(slots)
+        self._slots = slots
+        self.poll_max = poll_max
+        self.dead = dead
+        self._remote: dict[tuple[int, int], RemoteMemory] = {}
+
+    def __call__(self, rank: int, kind: int) -> Any:
+        if rank == self.rank:
+            return self.own.mem[kind]
+        mem = self._remote.get((rank, kind))
+        if mem is None:
+            mem = self._remote[(rank, kind)] = RemoteMemory(self.transport, rank, kind, self._wait)
+        return mem
+
+    def slots(self, kind: int) -> int:
+        return self._slots[kind]
+
+    def _wait(self, owner: int) -> tuple[int, ...]:
+        comm = self.transport.comm
+        status = MPI.Status()
+        backoff = Backoff(self.poll_max)
+        while True:
+            m = comm.improbe(owner, int(Tag.BOARD_REPLY), status)
+            if m is not None:
+                reply = decode(int(Tag.BOARD_REPLY), m.recv())
+                assert isinstance(reply, BoardReply)
+                return reply.values
+            if owner in self.dead():
+                raise ConnectionError(f"rank {owner} died while answering a board operation")
+            backoff.wait()
+
+    def close(self, collective: bool) -> None:
+        """Nothing to free (kept for symmetry with :class:`WindowBoards`)."""
+
+
+def self_test(boards: WindowBoards, comm: Any, rank: int, size: int) -> str:
+    """Every rank adds 1 to rank 0's self-test word; rank 0 checks the sum (collective). Return a problem, or ""."""
+    problem = ""
+    try:
+        boards(0, 0).fetch_add(SELF_TEST, 1)
+    except MPI.Exception as exc:
+        problem = f"rank {rank}: fetch-and-add on rank 0's window failed: {exc.Get_error_string()}"
+    comm.Barrier()
+    if rank == 0 and not problem:
+        got = int(boards(0, 0).read(SELF_TEST, 1)[0])
+        if got != size:
+            problem = f"the window's self-test counted {got} atomic additions from {size} ranks"
+    return problem
+
+
+def now() -> float:
+    """Seconds (monotonic), the clock the runtime gives the roles."""
+    return time.perf_counter()

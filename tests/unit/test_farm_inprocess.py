@@ -1,0 +1,159 @@
+"""Whole farms in one process (nlevel.testing.network): every rank's Station and Loop, random interleavings.
+
+Checked at the end of every run: every id committed exactly once, results committed with
+their ids, every survivor released, and an id ran twice only if it was at risk (held by a
+rank that died, or in a message to or from it).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nlevel.config import Config
+from nlevel.model.hierarchy import build
+from nlevel.model.plan import Plan
+from nlevel.testing.network import LocalBoards, Network
+
+PLANS = [
+    (1, Plan(2)),
+    (2, Plan(2)),
+    (5, Plan(2)),
+    (7, Plan(3, (2,))),
+    (9, Plan(3, (3,))),
+    (16, Plan(4, (2, 2))),
+    (6, Plan(2, serve_only="master")),
+    (8, Plan(3, (2,), serve_only="all")),
+]
+
+
+def check(out, total, dead=frozenset()):
+    led = out.ledger
+    assert led.complete(), f"not committed: {led.remaining()}"
+    assert led.n_committed == total
+    for tid in range(total):
+        n = out.executed.get(tid, 0)
+        assert n >= 1, f"id {tid} never ran"
+        if n > 1:
+            assert tid in out.at_risk, f"id {tid} ran {n} times without being at risk"
+    for r, u in out.users.items():
+        assert u.state in ("end", "left"), f"rank {r} was not released: {u.state}"
+    ids = led.result_ids.tolist()
+    assert len(ids) == len(set(ids))
+    assert sorted(ids) == [i for i in range(total) if i % 3 == 0]
+    assert led.result_values.tolist() == [2.0 * i for i in ids]
+
+
+@pytest.mark.parametrize("size,plan", PLANS)
+@pytest.mark.parametrize("seed", range(4))
+def test_every_id_exactly_once(size, plan, seed):
+    total = 3 * size + 37
+    out = Network(size, plan, total, seed).run()
+    check(out, total)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=st.sampled_from(PLANS), total=st.integers(0, 300), seed=st.integers(0, 10**6),
+       chunk=st.sampled_from([0, 1, 3]), slots=st.sampled_from([(4, 2), (16, 8), (64, 16)]))
+def test_exactly_once_property(case, total, seed, chunk, slots):
+    size, plan = case
+    config = Config(levels=plan.levels, regions=plan.regions, serve_only=plan.serve_only, chunk=chunk,
+                    fault_tolerance="on", report_every=7)
+    out = Network(size, plan, total, seed, config=config, boards=LocalBoards(*slots)).run()
+    check(out, total)
+
+
+@pytest.mark.parametrize("size,plan", PLANS)
+def test_resume_skips_committed_ids(size, plan):
+    total = 120
+    completed = ((0, 40), (50, 55), (90, 120))
+    out = Network(size, plan, total, 3, completed=completed).run()
+    assert out.ledger.complete()
+    ran = set(out.executed)
+    assert not ran & (set(range(0, 40)) | set(range(50, 55)) | set(range(90, 120)))
+
+
+@pytest.mark.parametrize("size,plan", PLANS[1:])
+@pytest.mark.parametrize("seed", range(3))
+def test_ranks_leaving_early_give_their_ids_back(size, plan, seed):
+    total = 200
+    net = Network(size, plan, total, seed)
+    workers = sorted(net.users)
+    for r in workers[1:]:
+        net.users[r].leave_after = (seed * 7 + r) % 5
+    out = net.run()
+    assert out.ledger.complete()
+    assert all(n == 1 for n in out.executed.values())
+
+
+def test_everyone_leaving_ends_incomplete_without_hanging():
+    net = Network(5, Plan(2), 100, 1)
+    for u in net.users.values():
+        u.leave_after = 2
+    out = net.run()
+    assert not out.ledger.complete()
+    assert all(u.state == "left" for u in out.users.values())
+    assert all(n == 1 for n in out.executed.values())
+
+
+def test_a_task_that_raises_is_retried_then_recorded_failed():
+    config = Config(levels=2, fault_tolerance="on", on_task_error="retry", task_retries=2)
+    out = Network(4, Plan(2), 60, 5, config=config, raises=frozenset({17})).run()
+    led = out.ledger
+    assert 17 not in led.committed and 17 in led.failed
+    assert led.failed[17].kind == "raised" and led.failed[17].attempts == 3
+    assert out.executed[17] == 3
+    assert len(led.committed) == 59
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("size,plan,switches", [
+    (7, Plan(2), [(30, Plan(3, (2,)))]),
+    (9, Plan(3, (2,)), [(20, Plan(2)), (200, Plan(3, (3,)))]),
+    (16, Plan(2, serve_only="master"), [(10, Plan(4, (2, 2), serve_only="master"))]),
+])
+def test_switching_plans_mid_run_loses_and_duplicates_nothing(seed, size, plan, switches):
+    total = 400
+    config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance="on", serve_only=plan.serve_only)
+    net = Network(size, plan, total, seed, config=config)
+    pending = list(switches)
+    orig = net.step
+
+    def step(user_step=None):
+        while pending and net.stations[0].server is not None and sum(net.executed.values()) >= pending[0][0]:
+            net.loops[0].perform(net.stations[0].switch(pending.pop(0)[1]))
+        return orig(user_step)
+
+    net.step = step
+    out = net.run()
+    check(out, total)
+    assert all(n == 1 for n in out.executed.values())
+    assert net.stations[0].epoch == len(switches)
+
+
+KILL_PLANS = [(6, Plan(2)), (9, Plan(3, (2,))), (16, Plan(4, (2, 2)))]
+
+
+@pytest.mark.parametrize("size,plan", KILL_PLANS)
+@pytest.mark.parametrize("role", ["slave", "region-master", "master"])
+@pytest.mark.parametrize("seed", range(3))
+def test_one_death_of_each_role(size, plan, role, seed):
+    h = build(size, plan)
+    victims = [n.rank for n in h.nodes if n.role.value == role]
+    if not victims:
+        pytest.skip(f"no {role} in this plan")
+    total = 300
+    out = Network(size, plan, total, seed).run(kills=[(40 + seed * 17, victims[seed % len(victims)])])
+    check(out, total)
+
+
+@settings(max_examples=80, deadline=None)
+@given(case=st.sampled_from(KILL_PLANS), seed=st.integers(0, 10**6),
+       kills=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 15)), max_size=3))
+def test_random_deaths_lose_nothing_and_rerun_only_what_was_at_risk(case, seed, kills):
+    size, plan = case
+    kills = [(s, r % size) for s, r in kills]
+    total = 250
+    out = Network(size, plan, total, seed).run(kills=kills)
+    check(out, total)
