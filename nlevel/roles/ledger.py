@@ -80,7 +80,15 @@ class Ledger:
     def commit(self, done: Iterable[tuple[int, int]], results: Iterable[tuple[int, Any]] = ()) -> int:
         """Commit finished ids and their results (a float, or ``width`` floats); return how many ids were new."""
         committed = self.committed
-        fresh_results = [(i, v) for i, v in results if i not in committed] if results else ()
+        fresh_results: list[tuple[int, Any]] = []
+        if results:
+            seen: set[int] = set()
+            for i, v in results:
+                # An id run twice (it was in flight at a rank that died) may bring two results
+                # in one batch: the first is kept, as for ids committed in earlier batches.
+                if i not in committed and i not in seen:
+                    seen.add(i)
+                    fresh_results.append((i, v))
         new = 0
         asked = 0
         add = committed.add

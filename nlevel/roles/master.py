@@ -102,8 +102,20 @@ class Master(Server):
         if report.handed_off:
             self.carried.add_ranges(report.handed_off)
 
+    def _settle_carried(self) -> None:
+        """Forget carried ids the ledger already records (committed, or failed for good).
+
+        An id can become carried after its commit arrived, e.g. a dead region-master's
+        hand-offs absorbed by a new master whose ledger came from the deputy's copy.
+        """
+        self.carried.remove_ranges(self.ledger.committed.ranges())
+        for tid in self.ledger.failed:
+            self.carried.remove(tid, tid + 1)
+
     @property
     def exhausted(self) -> bool:
+        if self.carried and not self.queue:
+            self._settle_carried()
         return not (self.queue or self.held_total or self.carried or self.reconciling or self.on_board()
                     or self._limbo())
 
