@@ -88,7 +88,13 @@ class StationCore:
         self.master_heard = 0.0
         self.mirror_sent = 0.0
         self.leases_checked = -1e300
-        self.sent_done: dict[int, RangeSet] | None = None
+        # Completions sent to each parent (fault tolerance): a survivor's answer to a reconciler
+        # counts them as held while they may be in flight; a parent that passed them to a rank
+        # that died reports them lost (``lost_via``). Tracked from the start: a rank that learns
+        # of a death late must still know what it passed to the dead.
+        self.sent_done: dict[int, RangeSet] | None = {} if self.ft else None
+        self.lost_via: dict[int, RangeSet] = {}  # completions passed to a rank that died, by that rank
+        self.lost_seen: set[tuple[int, int]] = set()  # a reconciler: (survivor, dead) losses requeued already
         self.job_over = False
         self.loading = False  # a new master waits for its ledger from the checkpoint file
         self.planner: AutoPlanner | None = None

@@ -52,7 +52,9 @@ class Failures(StationCore):
         if self.sent_done is None:
             self.sent_done = {}
         for x in new:
-            self.sent_done.pop(x, None)
+            sent = self.sent_done.pop(x, None)
+            if sent:
+                self.lost_via[x] = sent  # passed to a rank that died: a reconciler must know
         wall = self.wall()
         outs: list[Effect] = []
         for epoch in list(self.draining):  # the dead never acknowledge a regroup
@@ -75,6 +77,15 @@ class Failures(StationCore):
                 else:
                     n, quarantined = d.requeue_lost(held)
                     self.failures.append(record.closed(n, tuple(quarantined), self.wall()))
+        if isinstance(d, Master) and d.carried and not (self.recon is not None and self.recon.everything):
+            # Ids out with ranks the master cannot name (claimed by a rank that was not yet its
+            # child, or handed off below): one of the dead may have held them. Everyone says
+            # what it holds; what nobody holds runs again.
+            d._settle_carried()
+            if d.carried:
+                self.recon = self.recon or Reconciliation(now=self.clock())
+                others = set(range(self.size)) - failed - {self.rank}
+                ask |= self.recon.add_dead(d.carried.copy(), others, None)
         if self.recon is not None:
             for x in sorted(new & (self.recon.expected | set(self.recon.got))):
                 mine = reconciler(x, old, nh) == self.rank
@@ -87,9 +98,11 @@ class Failures(StationCore):
         parent = old[self.rank].parent
         if parent is not None and parent in new and self.info.parent is not None:
             # Unasked, to the new parent: it records what this rank's subtree holds.
-            outs.append(Send(self.info.parent, Holding(self.holding().ranges(), tuple(sorted(failed)))))
-        asking = Holding((), tuple(sorted(failed)), True)
-        outs += [Send(r, asking) for r in sorted(ask - {self.rank})]
+            outs.append(Send(self.info.parent, Holding(self.holding(sent=False).ranges(), tuple(sorted(failed)))))
+        if ask - {self.rank}:
+            assert self.recon is not None
+            names = tuple(sorted(failed))
+            outs += [Send(r, Holding((), names, True, self.recon.token(r))) for r in sorted(ask - {self.rank})]
         if isinstance(self.server, Master) and self.ft:
             dep = deputy(nh)
             if (dep if dep is not None else -1) != self.mirror_to:
@@ -124,7 +137,9 @@ class Failures(StationCore):
     def on_holding(self, src: int, msg: Holding) -> list[Effect]:
         """A survivor whose parent died says what it holds (this rank reconciles, or is its new parent)."""
         if msg.ask:
-            return [Send(src, Holding(self.holding().ranges(), tuple(sorted(self.failed))))]
+            lost = tuple((x, r.ranges()) for x, r in self.lost_via.items())
+            return [Send(src, Holding(self.holding(sent=False).ranges(), tuple(sorted(self.failed)), token=msg.token,
+                                      lost=lost, sent=self.sent().ranges()))]
         held = RangeSet(msg.held)
         d = self.server
         if d is None:
@@ -134,9 +149,18 @@ class Failures(StationCore):
             path = self.hierarchy[path].parent
         if path is not None and path != self.rank:
             d.attach(d.children[path], held)  # the child's subtree holds these now
-        if self.recon is not None and (src in self.recon.expected or src in self.recon.got):
-            self.recon.receive(src, held)
-        return self._finish_recon() + self.serve()
+        outs: list[Effect] = []
+        recon = self.recon
+        if recon is not None and msg.token >= 0 and (src in recon.expected or src in recon.got):
+            if self.failed <= set(msg.failed):
+                recon.receive(src, held, msg.token, msg.lost, RangeSet(msg.sent))
+            elif recon.asked.get(src) == msg.token:
+                # Written before the sender knew of a death this rank knows of: stale. It
+                # answers again once it knows (an ask waits until the failures it names are known).
+                recon.got.pop(src, None)
+                recon.expected.add(src)
+                outs.append(Send(src, Holding((), tuple(sorted(self.failed)), True, recon.token(src))))
+        return outs + self._finish_recon() + self.serve()
 
     def on_mirror(self, msg: Mirror) -> list[Effect]:
         """The deputy: copy the master's commits (a full copy replaces what it had)."""
@@ -295,8 +319,15 @@ class Failures(StationCore):
         new.carried.add_ranges(old.handed_off.ranges())
         self.retire_server()
 
-    def holding(self) -> RangeSet:
-        """Every id this rank and its subtree hold, for a Holding."""
+    def sent(self) -> RangeSet:
+        """Completions this rank sent to parents still alive (they may be in flight)."""
+        out = RangeSet()
+        for ranges in (self.sent_done or {}).values():
+            out.add_ranges(ranges.ranges())
+        return out
+
+    def holding(self, sent: bool = True) -> RangeSet:
+        """Every id this rank and its subtree hold, for a Holding (``sent``: and :meth:`sent`)."""
         held = RangeSet()
         w, d = self.worker, self.server
         if w is not None:
@@ -314,8 +345,8 @@ class Failures(StationCore):
                     held.add(f.id, f.id + 1)
         if self.recon is not None:
             held.add_ranges(self.recon.held.ranges())
-        for sent in (self.sent_done or {}).values():
-            held.add_ranges(sent.ranges())
+        if sent:
+            held.add_ranges(self.sent().ranges())
         return held
 
     def _finish_recon(self) -> list[Effect]:
@@ -335,8 +366,10 @@ class Failures(StationCore):
             for tid in d.ledger.failed:
                 question.remove(tid, tid + 1)
         else:
-            question = recon.held
-        lost = recon.lost(question, d.settled)
+            question = recon.held.copy()
+            if isinstance(d, Master):
+                question.remove_ranges(d.ledger.committed.ranges())
+        lost = recon.lost(question, d.settled, self.lost_seen)
         n, quarantined = d.requeue_lost(lost)
         wall = self.wall()
         for record in recon.records:

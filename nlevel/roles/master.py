@@ -13,7 +13,7 @@ from ..model.hierarchy import Hierarchy
 from ..ranges import RangeSet, Ranges
 from .ledger import Ledger
 from .messages import Report, Result, TaskFailure
-from .server import Boards, Server, Sizing
+from .server import Boards, Child, Server, Sizing
 
 __all__ = ["Master"]
 
@@ -101,6 +101,16 @@ class Master(Server):
             self.take_back(report.returned)
         if report.handed_off:
             self.carried.add_ranges(report.handed_off)
+
+    def attach(self, child: Child, held: RangeSet) -> None:
+        """Record what a Holding says ``child`` holds, minus what the ledger already records.
+
+        A survivor's Holding includes completions it sent that may have been lost; those the
+        ledger has are not held by anyone (else the job would wait for them forever).
+        """
+        fresh = held.copy()
+        fresh.remove_ranges(self.ledger.committed.ranges())
+        super().attach(child, fresh)
 
     def _settle_carried(self) -> None:
         """Forget carried ids the ledger already records (committed, or failed for good).

@@ -19,6 +19,13 @@ its fields (cheap to pickle); the tag says which class it is. Pure Python, no MP
 * :class:`KillRequest`: "kill this hung rank": to a rank on the victim's host.
 * :class:`BoardOp` / :class:`BoardReply`: the two-sided fallback performs a claimer's
   board operation at the board's owner (an MPI without usable one-sided operations).
+* :class:`Gone`: "these ranks are dead" from the rank that found out (a process that exited
+  is never reported by MPI): to every live rank.
+* :class:`Heartbeat`: master -> its watchers (the ranks after the deputy that also watch it).
+* :class:`TimedOut`: ids that ran past ``--task-timeout`` (to the rank that requeues them,
+  or to the master without fault tolerance).
+* The end (see :mod:`nlevel.roles.ending`): child -> parent :class:`Ending` (its subtree is
+  over, with its statistics); master -> every rank :class:`Release`.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from ..ranges import Ranges
 __all__ = [
     "Tag", "Result", "TaskFailure", "FailureRecord",
     "Report", "Regroup", "Ack", "Holding", "Mirror", "Drain", "KillRequest", "BoardOp", "BoardReply",
-    "Message", "MESSAGES", "encode", "decode",
+    "Gone", "Heartbeat", "TimedOut", "Ending", "Release", "Message", "MESSAGES", "encode", "decode",
 ]
 
 #: A task's result: one number, or a fixed number of them (the app's result fields).
@@ -52,6 +59,11 @@ class Tag(IntEnum):
     DRAIN = 19
     BOARD_OP = 20
     BOARD_REPLY = 21
+    GONE = 22
+    HEARTBEAT = 23
+    TIMED_OUT = 24
+    ENDING = 25
+    RELEASE = 26
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +170,9 @@ class Holding:
     held: Ranges = ()
     failed: tuple[int, ...] = ()  # the dead ranks the sender knows of (the receiver waits until it does too)
     ask: bool = False  # a reconciler asks: "tell me what you hold" (the answer is a Holding)
+    token: int = -1  # an ask's number, echoed by its answer (-1: unasked, to a new parent)
+    lost: tuple[tuple[int, Ranges], ...] = ()  # (dead rank, completions the sender had passed to it)
+    sent: Ranges = ()  # an answer: completions the sender passed to live parents (maybe in flight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +187,7 @@ class Mirror:
     full: bool = False
     failures: tuple[FailureRecord, ...] = ()  # the master's failure records (the report survives it too)
     failed: tuple[TaskFailure, ...] = ()  # tasks recorded failed
+    timeouts: tuple[tuple[int, int], ...] = ()  # (id, times it ran past --task-timeout), newly counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,10 +231,67 @@ class BoardReply:
     values: tuple[int, ...]
 
 
-Message = Union[Report, Regroup, Ack, Holding, Mirror, Drain, KillRequest, BoardOp, BoardReply]
+@dataclass(frozen=True, slots=True)
+class Gone:
+    """Ranks found dead by the sender (how: e.g. "exited"), which MPI will never report: to every live rank."""
+
+    tag: ClassVar[Tag] = Tag.GONE
+    ranks: tuple[int, ...]
+    how: str = "exited"
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Master to a watcher: still alive (the deputy gets :class:`Mirror` heartbeats instead)."""
+
+    tag: ClassVar[Tag] = Tag.HEARTBEAT
+    epoch: int = 0  # the sender's plan epoch (informational)
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """Ids ``ids`` held by rank ``rank`` ran past ``--task-timeout`` (``seconds``): count them toward quarantine."""
+
+    tag: ClassVar[Tag] = Tag.TIMED_OUT
+    rank: int
+    ids: Ranges
+    seconds: float
+    host: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """Child to parent: this rank and its subtree are over; their rows and statistics for the report.
+
+    ``rows``: one dict per rank of the subtree; ``stats``: their statistics merged
+    (see :func:`nlevel.roles.ending.merge_stats`). A later Ending from the same rank replaces it.
+    """
+
+    tag: ClassVar[Tag] = Tag.ENDING
+    rows: tuple[dict[str, Any], ...]
+    stats: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Master to every rank: the job is over. ``code``: the exit status the processes end with
+    after failures; ``failed``: the ranks that died or were given up; ``report``: to the deputy
+    only, before anyone is released (a master dying while it releases leaves the report behind);
+    ``pending``: the deputy is told, not yet released."""
+
+    tag: ClassVar[Tag] = Tag.RELEASE
+    code: int
+    failed: tuple[int, ...] = ()
+    report: dict[str, Any] | None = None
+    pending: bool = False
+
+
+Message = Union[Report, Regroup, Ack, Holding, Mirror, Drain, KillRequest, BoardOp, BoardReply, Gone, Heartbeat,
+                TimedOut, Ending, Release]
 
 #: Every wire message class.
-MESSAGES: tuple[type, ...] = (Report, Regroup, Ack, Holding, Mirror, Drain, KillRequest, BoardOp, BoardReply)
+MESSAGES: tuple[type, ...] = (Report, Regroup, Ack, Holding, Mirror, Drain, KillRequest, BoardOp, BoardReply, Gone,
+                              Heartbeat, TimedOut, Ending, Release)
 _BY_TAG: dict[int, Any] = {int(cls.tag): cls for cls in MESSAGES}  # type: ignore[attr-defined]
 _FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in MESSAGES}
 

@@ -25,7 +25,7 @@ in flight at a process that died. Pure Python, no MPI.
 from __future__ import annotations
 
 from ..model.hierarchy import Hierarchy, Role
-from ..ranges import RangeSet
+from ..ranges import RangeSet, Ranges
 from .messages import FailureRecord
 
 __all__ = ["expected", "reconciler", "deputy", "Reconciliation"]
@@ -72,18 +72,29 @@ class Reconciliation:
         self.expected: set[int] = set()
         self.got: dict[int, RangeSet] = {}
         self.records: list[FailureRecord] = []  # failures whose recovery ends when this does
+        self.asked: dict[int, int] = {}  # rank -> the token of the latest ask sent to it
+        self._tokens = 0
+        self.got_lost: dict[int, tuple[tuple[int, Ranges], ...]] = {}  # answers' "passed to the dead"
+        self.got_sent: dict[int, RangeSet] = {}  # answers' "passed to a live parent"
 
     def add_dead(self, held: RangeSet, survivors: set[int], record: FailureRecord | None) -> set[int]:
         """A server died holding ``held``; return which of ``survivors`` to ask what they hold."""
         self.held.add_ranges(held.ranges())
         if record is not None:
             self.records.append(record)
+        for s in survivors:
+            # An answer from before this question is stale, and so is one still on its way:
+            # since then the survivor may have sent completions to the dead (its parent), which
+            # are lost with it, or claimed ids now in question. Ask again (new token).
+            self.got.pop(s, None)
+            self.expected.discard(s)
         return self._expect(survivors)
 
     def member_died(self, rank: int, survivors: set[int]) -> set[int]:
         """An expected sender died: its holding is void; return which of ``survivors`` (its children) to ask."""
         self.expected.discard(rank)
         self.got.pop(rank, None)
+        self.got_sent.pop(rank, None)  # (what it said it passed on is not known to have arrived)
         return self._expect(survivors)
 
     def _expect(self, survivors: set[int]) -> set[int]:
@@ -91,21 +102,59 @@ class Reconciliation:
         self.expected |= new
         return new
 
-    def receive(self, src: int, held: RangeSet) -> None:
-        """A Holding arrived (a later one from the same sender replaces the earlier)."""
+    def token(self, rank: int) -> int:
+        """Number a new ask to ``rank``; only the answer that echoes it counts."""
+        self._tokens += 1
+        self.asked[rank] = self._tokens
+        return self._tokens
+
+    def receive(self, src: int, held: RangeSet, token: int = -1,
+                lost: tuple[tuple[int, Ranges], ...] = (), sent: RangeSet | None = None) -> bool:
+        """A Holding arrived; return whether it counts.
+
+        Only the answer to the latest ask counts: a survivor's holding written before it was
+        asked may miss ids that reached it since (a claim from a live server's board).
+        """
+        if token < 0 or self.asked.get(src) != token:
+            return False
         self.got[src] = held
+        self.got_lost[src] = lost
+        self.got_sent[src] = sent if sent is not None else RangeSet()
         self.expected.discard(src)
+        return True
 
     @property
     def complete(self) -> bool:
         """Whether every expected Holding has arrived."""
         return not self.expected
 
-    def lost(self, in_question: RangeSet, settled: RangeSet) -> RangeSet:
-        """Ids of ``in_question`` that nobody holds and nobody finished: to run again."""
+    def lost(self, in_question: RangeSet, settled: RangeSet, seen: set[tuple[int, int]] | None = None) -> RangeSet:
+        """Ids of ``in_question`` that nobody holds and nobody finished: to run again.
+
+        Completions a survivor passed to a rank that died are lost, whatever older snapshots
+        of other survivors say (the id was in someone's hand, then sent up, then lost):
+        completions only move up. ``seen``: (survivor, dead) pairs whose losses an earlier
+        reconciliation of this rank requeued already (the ids may be running again since);
+        this reconciliation's pairs are added to it.
+        """
+        void, fresh = RangeSet(), RangeSet()
+        for src, entries in self.got_lost.items():
+            for dead, ranges in entries:
+                void.add_ranges(ranges)
+                if seen is None or (src, dead) not in seen:
+                    fresh.add_ranges(ranges)
+                    if seen is not None:
+                        seen.add((src, dead))
         lost = in_question.copy()
-        for held in self.got.values():
-            lost.remove_ranges(held.ranges())
+        # A completion said to be on its way up, which a survivor passed to the dead, is lost
+        # (now, or it was requeued back then: either way that claim is void). An id held in hand
+        # is void only against a loss this reconciliation is the first to hear of.
+        for claims, voided in ((self.got, fresh), (self.got_sent, void)):
+            for held in claims.values():
+                if voided:
+                    held = held.copy()
+                    held.remove_ranges(voided.ranges())
+                lost.remove_ranges(held.ranges())
         if settled:
             lost.remove_ranges(settled.ranges())
         return lost

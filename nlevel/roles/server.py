@@ -354,6 +354,12 @@ class Server:
             if removed < b - a or self.track_settled:
                 self.settled.add(a, b)
         if report.done:
+            if self.track_settled:
+                # After failures a Holding may have named these as held by another child too
+                # (a completion passed on, or an id run twice): nobody holds them now.
+                for other in self.children.values():
+                    if other is not child and other.held:
+                        self.held_total -= other.held.remove_ranges(report.done)
             self._accept_done(report.done, report.results, now)
         for a, b in report.returned:
             removed = child.held.remove(a, b)

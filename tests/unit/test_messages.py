@@ -7,8 +7,8 @@ import pytest
 
 from nlevel.model.plan import Plan
 from nlevel.roles.messages import (
-    MESSAGES, Ack, BoardOp, BoardReply, Drain, FailureRecord, Holding, KillRequest, Mirror, Regroup, Report, Tag,
-    TaskFailure, decode, encode,
+    MESSAGES, Ack, BoardOp, BoardReply, Drain, Ending, FailureRecord, Gone, Heartbeat, Holding, KillRequest, Mirror,
+    Regroup, Release, Report, Tag, TaskFailure, TimedOut, decode, encode,
 )
 
 FAILURE = TaskFailure(7, "raised", "ValueError: bad", 3, "h", "Traceback ...", 2)
@@ -21,15 +21,20 @@ SAMPLES = [
            5, 0.25, 0.75),
     Regroup(2, Plan(3, (2,), reason="r")),
     Ack(5),
-    Holding(((1, 4), (8, 9)), (3, 6), True),
-    Mirror(((0, 10),), ((1, 0.5),), 100, 2, True, (RECORD,), (FAILURE,)),
+    Holding(((1, 4), (8, 9)), (3, 6), True, 12, ((3, ((5, 6),)),), ((10, 12),)),
+    Mirror(((0, 10),), ((1, 0.5),), 100, 2, True, (RECORD,), (FAILURE,), ((7, 2),)),
     Drain("drained by a test"),
     KillRequest(6, "hung"),
     BoardOp(1, "cas", 7, 3, 4),
     BoardReply((1, 2, 3)),
+    Gone((4, 5), "task timeout"),
+    Heartbeat(3),
+    TimedOut(3, ((17, 18),), 2.5, "h"),
+    Ending(({"rank": 3, "tasks": 7},), {"unexpected": 1, "failures": []}),
+    Release(1, (2, 5), {"complete": False}, True),
 ]
 DEFAULTS = [Report(), Regroup(0, Plan()), Ack(0), Holding(), Mirror(), Drain(), KillRequest(0), BoardOp(0, "read", 0),
-            BoardReply(())]
+            BoardReply(()), Gone(()), Heartbeat(), TimedOut(0, (), 0.0), Ending((), {}), Release(0)]
 
 
 def kind(msg):

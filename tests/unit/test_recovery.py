@@ -27,12 +27,30 @@ def test_expected_walks_through_dead_children():
 def test_reconciliation_requeues_only_what_nobody_holds():
     r = Reconciliation()
     r.add_dead(RangeSet([(0, 10)]), {5, 6}, None)
-    r.receive(5, RangeSet([(0, 3)]))
+    t5, _ = r.token(5), r.token(6)
+    assert r.receive(5, RangeSet([(0, 3)]), t5)
     assert not r.complete
     r.member_died(6, {7})
-    r.receive(7, RangeSet([(8, 9)]))
+    assert r.receive(7, RangeSet([(8, 9)]), r.token(7))
     assert r.complete
     assert r.lost(r.held, RangeSet([(3, 4)])) == RangeSet([(4, 8), (9, 10)])
+
+
+def test_only_the_answer_to_the_latest_ask_counts():
+    """A holding written before the ask (or before a later death) may miss ids: it does not count."""
+    r = Reconciliation()
+    r.add_dead(RangeSet([(0, 10)]), {5}, None)
+    first = r.token(5)
+    assert not r.receive(5, RangeSet([(0, 10)]))  # unasked (a new parent's copy)
+    assert r.receive(5, RangeSet([(0, 4)]), first)
+    assert r.complete
+    # Another server dies: 5 may have sent completions to it since it answered: asked again.
+    assert r.add_dead(RangeSet([(20, 30)]), {5}, None) == {5}
+    second = r.token(5)
+    assert not r.complete
+    assert not r.receive(5, RangeSet([(0, 30)]), first)  # the old answer, arriving late
+    assert r.receive(5, RangeSet([(0, 2)]), second)
+    assert r.lost(r.held, RangeSet()) == RangeSet([(2, 10), (20, 30)])
 
 
 def test_the_deputy_is_the_lowest_survivor_after_the_master():
