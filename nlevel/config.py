@@ -47,6 +47,7 @@ class Config:
     on_task_error: str = "abort"
     task_retries: int = 2
     quarantine: int = 3
+    task_timeout: float | None = None
     control_interval: float = 0.5
     grants: str = "one-sided"
     server_period: float = 2e-3
@@ -177,6 +178,13 @@ def _bool(name: str, v: Any) -> None:
         raise ConfigError(f"{name} must be true or false, got {v!r}")
 
 
+def _timeout(name: str, v: Any) -> None:
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != v or v == float("inf"):
+        raise ConfigError(f"{name} must be a number of seconds > 0, or none, got {v!r}")
+
+
 def _prefetch(name: str, v: Any) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 1:
         raise ConfigError(f"{name} must be a number >= 1 (requests' worth of ids per process), got {v!r}")
@@ -209,6 +217,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "on_task_error": _choice("retry", "skip", "abort"),
     "task_retries": _int_at_least(0),
     "quarantine": _int_at_least(1),
+    "task_timeout": _timeout,
     "control_interval": _positive_float,
     "grants": _choice("one-sided", "two-sided"),
     "server_period": _positive_float,
@@ -243,6 +252,9 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "on_task_error": ("", "a task that raises: retry (elsewhere, task-retries times, then failed), skip (failed), abort"),
     "task_retries": ("", "retries of a task that raised, with --on-task-error retry"),
     "quarantine": ("processes", "a task held by this many processes that died is recorded failed, not run again"),
+    "task_timeout": ("s", "a task running longer than this is hung: its rank is killed (without --with-ft ulfm "
+                          "the job stops, exit 75, to be resumed) and the task counts toward quarantine; "
+                          "none = no limit (pick it from the report's task-time p99 and max)"),
     "control_interval": ("s", "how often the master reads the run's control directory (drain requests)"),
     "grants": ("", "how a rank takes ids from its parent: one-sided (atomics on the parent's window) or two-sided (messages)"),
     "server_period": ("s", "longest sleep of an idle server thread between looks at its boards and messages"),
@@ -259,6 +271,16 @@ def parse_setting(name: str, text: str, source: str | None = None) -> Any:
     where = source or name
     default = Config.__dataclass_fields__[name].default
     text = text.strip()
+    if name == "task_timeout":
+        if text.lower() in ("none", "off", "0", "0.0"):
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"{where} must be a number of seconds > 0, or none, got {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise ConfigError(f"{where} must be a number of seconds > 0, or none, got {text!r}")
+        return value
     try:
         if name == "regions":
             return tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())

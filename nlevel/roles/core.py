@@ -49,11 +49,15 @@ class StationCore:
         ledger: The completion record; required on the master.
         width: Numbers per task result.
         wall: Returns the wall-clock time (failure records).
+        hosts: Every rank's host name (failure records; may be empty).
+        setup_failed: Ranks that died while the farm was being set up (``hierarchy`` was
+            built without them); the master records them.
     """
 
     def __init__(self, hierarchy: Hierarchy, rank: int, config: Config, clock: Callable[[], float], boards: Boards,
                  total: int, ledger: Ledger | None = None, width: int = 1,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, hosts: tuple[str, ...] = (),
+                 setup_failed: frozenset[int] = frozenset()) -> None:
         self.rank = rank
         self.total = total
         self.width = width
@@ -76,16 +80,30 @@ class StationCore:
         self.drain_requested = False
         self.drained: dict[int, float] = {}  # the master: ranks it asked to leave, and when
         self.served_bins: dict[int, int] = {}  # wall time // TIMELINE_BIN -> ranges taken here
+        self.sent_up_at = clock()  # a region-master: when it last reported to its parent
+        self.hosts = hosts
         # Failures (see nlevel.roles.failures).
-        self.failed: frozenset[int] = frozenset()
+        self.failed: frozenset[int] = frozenset(setup_failed)
         self.failures: list[FailureRecord] = []
+        self.abandoned = False  # this rank gave itself up (its task hung, no fault tolerance)
+        self.timeout_notes: list[tuple[int, tuple[tuple[int, int], ...]]] = []  # (rank, ids) timed out, for a successor
+        self.stop_reason = ""  # why the master stopped the job early: "SIGUSR1", "task timeout", "checkpoint"
+        self.master_heard = clock()  # a watcher: when the master was last heard (it heartbeats)
+        self.watching: int | None = None  # the master this rank watches now
+        self.heartbeat_sent = -1e300
+        # The end (see nlevel.roles.ending).
+        self.endings: dict[int, Any] = {}  # child -> its Ending
+        self.end_key: tuple[Any, ...] | None = None  # what this rank's last Ending was made of
+        self.over_since: float | None = None
+        self.end_killed: set[int] = set()
+        self.released: Any = None  # the master's Release (this rank's loop may stop)
+        self.pending_release: Any = None  # the deputy: the master is releasing everyone
         self.recon: Reconciliation | None = None
         self.mirror: Ledger | None = None
         self.mirror_failures: list[FailureRecord] = []
         self.mirrored_failures = 0
         self.mirror_to: int | None = None
         self.deferred: deque[tuple[int, Message]] = deque()
-        self.master_heard = 0.0
         self.mirror_sent = 0.0
         self.leases_checked = -1e300
         # Completions sent to each parent (fault tolerance): a survivor's answer to a reconciler
@@ -103,6 +121,11 @@ class StationCore:
         self.worker: Worker | None = None
         self.server: Server | None = None
         self.lay_out(hierarchy)
+        if setup_failed and isinstance(self.server, Master):
+            now = wall()
+            for r in sorted(setup_failed):
+                self.failures.append(FailureRecord(r, "(set-up)", -1, "died while the farm was set up", rank, now, 0)
+                                     .closed(0, (), now))
 
     # -- roles ----------------------------------------------------------------------------
     def lay_out(self, hierarchy: Hierarchy) -> None:
@@ -125,6 +148,11 @@ class StationCore:
                                  c.batch, c.batch_age, self.epoch)
         if self.server is not None:
             self.server.quarantine = c.quarantine
+            if isinstance(self.server, Master) and self.ledger is not None:
+                # Timeouts of earlier runs (without fault tolerance a hung task stops the job;
+                # the next run counts on).
+                self.server.timeouts = dict(self.ledger.timeouts)
+                self.server.deaths = dict(self.ledger.timeouts)
         if not info.computes:
             return
         parent = self.rank if self.server is not None else info.parent
@@ -215,6 +243,12 @@ class StationCore:
         if isinstance(d, Region):
             if d.flush_due(now):
                 outs += self.report_up(d.flush(), d.parent)
+                self.sent_up_at = now
+            elif d.held_total and now - self.sent_up_at > self.config.lease_min / 4:
+                # Alive, waiting on its region: say so, or the parent's lease on the ids it holds
+                # would expire together with this rank's own lease on a hung child.
+                outs += self.report_up(Report(task_max=d.task_max), d.parent)
+                self.sent_up_at = now
             if d.exhausted and not self.final:
                 self.final = True
                 d.close_boards(FINAL, now)
@@ -249,6 +283,24 @@ class StationCore:
     def worker_state(self) -> State | None:
         """The worker's state (None: this rank does not compute)."""
         return self.worker.state if self.worker is not None else None
+
+    # -- implemented by the parts of a Station (nlevel.roles.station) ---------------------------
+    @property
+    def ended(self) -> bool:
+        """Whether this rank's user loop is over (see :class:`~nlevel.roles.station.Station`)."""
+        raise NotImplementedError
+
+    def stop(self, reason: str = "SIGUSR1") -> list[Effect]:
+        """The master stops the job early (see :class:`~nlevel.roles.station.Station`)."""
+        raise NotImplementedError
+
+    def note_timeout(self, rank: int, ids: tuple[tuple[int, int], ...]) -> list[Effect]:
+        """Count a task time-out (see :mod:`nlevel.roles.watch`)."""
+        raise NotImplementedError
+
+    def release_for_dead_master(self) -> list[Effect]:
+        """Finish a dead master's release (see :mod:`nlevel.roles.ending`)."""
+        raise NotImplementedError
 
     def report_dict(self) -> dict[str, Any]:
         """A few facts for the run report's per-rank row."""

@@ -19,7 +19,7 @@ from .messages import Message, Result, TaskFailure
 __all__ = [
     "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "CheckpointLoaded",
     "CheckpointWritten", "Event",
-    "Send", "Kill", "WriteCheckpoint", "LoadCheckpoint", "Answer", "Log", "Effect",
+    "Send", "Kill", "Abandon", "WriteCheckpoint", "LoadCheckpoint", "Answer", "Log", "Effect",
 ]
 
 
@@ -39,10 +39,15 @@ class Tick:
 
 @dataclass(frozen=True, slots=True)
 class Died:
-    """The runtime learnt that ``ranks`` are dead (``how``: "ulfm", or why else)."""
+    """The runtime learnt that ``ranks`` are dead (``how``: "ulfm", or why else).
+
+    ``tell``: this rank found out by itself (a process that exited, which MPI never reports,
+    or one given up): it tells every other rank (:class:`~nlevel.roles.messages.Gone`).
+    """
 
     ranks: tuple[int, ...]
     how: str = "ulfm"
+    tell: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +85,9 @@ class Leave:
 
 @dataclass(frozen=True, slots=True)
 class Stop:
-    """Stop the job early and cleanly (SIGUSR1 on the master): running tasks finish, nothing new starts."""
+    """Stop the job early and cleanly (SIGUSR1 on the master, or ``reason``): running tasks finish, nothing new starts."""
+
+    reason: str = "SIGUSR1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +136,16 @@ class Kill:
 
 
 @dataclass(frozen=True, slots=True)
+class Abandon:
+    """Treat ``rank`` as dead although its process may live on (a task past its time limit
+    without fault tolerance: it cannot be killed without ending the job). This rank itself:
+    it stops taking part, and the others carry on without it."""
+
+    rank: int
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class WriteCheckpoint:
     """Write the master's ledger to the checkpoint; ``final``: synchronously, then answer :class:`CheckpointWritten`."""
 
@@ -155,4 +172,4 @@ class Log:
     text: str
 
 
-Effect = Union[Send, Kill, WriteCheckpoint, LoadCheckpoint, Answer, Log]
+Effect = Union[Send, Kill, Abandon, WriteCheckpoint, LoadCheckpoint, Answer, Log]

@@ -19,7 +19,7 @@ from ..ranges import RangeSet
 from .core import StationCore
 from .events import CheckpointLoaded, Effect, Kill, LoadCheckpoint, Send
 from .ledger import Ledger
-from .messages import FailureRecord, Holding, Message, Mirror, Report
+from .messages import FailureRecord, Gone, Holding, Message, Mirror, Report
 from .recovery import Reconciliation, deputy, expected, reconciler
 from .master import Master
 from .region import Region
@@ -41,13 +41,22 @@ class Failures(StationCore):
     """The failure-handling part of a station."""
 
     # -- events ----------------------------------------------------------------------------
-    def fail(self, ranks: tuple[int, ...], how: str = "ulfm") -> list[Effect]:
-        """``ranks`` are dead: repair this rank's roles; return the effects."""
+    def fail(self, ranks: tuple[int, ...], how: str = "ulfm", tell: bool = False) -> list[Effect]:
+        """``ranks`` are dead: repair this rank's roles; return the effects.
+
+        ``tell``: this rank found out by itself (MPI will not tell the others): tell every live rank.
+        """
         new = frozenset(ranks) - self.failed - {self.rank}
         if not new:
             return []
         old = self.hierarchy
         self.failed = failed = self.failed | new
+        outs: list[Effect] = []
+        if tell:
+            gone = Gone(tuple(sorted(new)), how)
+            outs += [Send(r, gone) for r in range(self.size) if r not in failed and r != self.rank]
+        for x in new:
+            self.endings.pop(x, None)
         nh = build(self.size, old.plan, failed)
         if self.sent_done is None:
             self.sent_done = {}
@@ -56,7 +65,6 @@ class Failures(StationCore):
             if sent:
                 self.lost_via[x] = sent  # passed to a rank that died: a reconciler must know
         wall = self.wall()
-        outs: list[Effect] = []
         for epoch in list(self.draining):  # the dead never acknowledge a regroup
             self.draining[epoch] -= new
             if not self.draining[epoch]:
@@ -75,7 +83,8 @@ class Failures(StationCore):
                     self.recon = self.recon or Reconciliation(now=self.clock())
                     ask |= self.recon.add_dead(held, expected(x, old, failed), record)
                 else:
-                    n, quarantined = d.requeue_lost(held)
+                    host = self.hosts[x] if x < len(self.hosts) else ""
+                    n, quarantined = d.requeue_lost(held, x, host, why)
                     self.failures.append(record.closed(n, tuple(quarantined), self.wall()))
         if isinstance(d, Master) and d.carried and not (self.recon is not None and self.recon.everything):
             # Ids out with ranks the master cannot name (claimed by a rank that was not yet its
@@ -90,11 +99,17 @@ class Failures(StationCore):
             for x in sorted(new & (self.recon.expected | set(self.recon.got))):
                 mine = reconciler(x, old, nh) == self.rank
                 ask |= self.recon.member_died(x, expected(x, old, failed) if mine else set())
-        if nh.master == self.rank and old.master != self.rank:
+            for x in sorted(new):
+                # Whoever answered and had x as its parent may count completions it sent x: stale.
+                ask |= self.recon.reask(expected(x, old, failed))
+        took_over = nh.master == self.rank and old.master != self.rank
+        if took_over:
             took, effects = self._take_over(old, nh, wall, how)
             ask |= took
             outs += effects
         outs += self._relayout(nh)
+        if took_over:
+            outs += self._after_take_over()
         parent = old[self.rank].parent
         if parent is not None and parent in new and self.info.parent is not None:
             # Unasked, to the new parent: it records what this rank's subtree holds.
@@ -173,20 +188,10 @@ class Failures(StationCore):
         self.mirror.commit(msg.done, msg.results)
         for f in msg.failed:
             self.mirror.fail(f)
+        for tid, k in msg.timeouts:
+            self.mirror.timeouts[tid] = k
         self.mirror_failures.extend(msg.failures)
         self.master_heard = self.clock()
-        return []
-
-    def watch_master(self) -> list[Effect]:
-        """The deputy: a master silent past its lease is hung (it heartbeats): have it killed."""
-        if self.mirror is None or not self.ft or isinstance(self.server, Master):
-            return []
-        now = self.clock()
-        w = self.worker
-        longest = w.task_times.hi if w is not None and w.task_times.n else 0.0
-        if now - self.master_heard > self.config.lease_min + self.config.lease_factor * longest:
-            self.master_heard = now  # once per lease
-            return [Kill(self.hierarchy.master, "the master was silent past its lease (hung)")]
         return []
 
     def loaded(self, event: CheckpointLoaded) -> list[Effect]:
@@ -235,6 +240,20 @@ class Failures(StationCore):
         self.recon = recon
         return recon.add_dead(RangeSet(), expected(old.master, old, self.failed) - {self.rank}, record), effects
 
+    def _after_take_over(self) -> list[Effect]:
+        """This rank is the new master (its roles laid out): what its predecessor left half done."""
+        d = self.server
+        assert isinstance(d, Master) and self.ledger is not None
+        outs: list[Effect] = []
+        for rank, ids in self.timeout_notes:  # tasks that ran past their limit, told to the deputy
+            outs += self.note_timeout(rank, ids)
+        self.timeout_notes = []
+        if self.pending_release is not None and self.released is None:
+            # The old master was releasing everyone when it died: the job is over; finish that.
+            self.job_over = True
+            outs += self.release_for_dead_master()
+        return outs
+
     def _relayout(self, nh: Hierarchy) -> list[Effect]:
         """Give this rank the roles ``nh`` says, keeping every id it holds; return the effects."""
         outs: list[Effect] = []
@@ -256,6 +275,9 @@ class Failures(StationCore):
                        c.task_retries if c.on_task_error == "retry" else 0, self.ft, self.epoch)
             d.queue = RangeSet()  # nothing is handed out before the reconciliation says what is free
             self._absorb(old_d, d)
+            for tid, k in self.ledger.timeouts.items():
+                d.timeouts[tid] = max(k, d.timeouts.get(tid, 0))
+                d.deaths[tid] = max(k, d.deaths.get(tid, 0))
         elif info.role is Role.REGION and old_d is None:
             assert info.parent is not None
             d = Region(nh, self.rank, {}, self.clock, self.boards, self.sizing, info.parent, c.batch, c.batch_age,
@@ -370,7 +392,9 @@ class Failures(StationCore):
             if isinstance(d, Master):
                 question.remove_ranges(d.ledger.committed.ranges())
         lost = recon.lost(question, d.settled, self.lost_seen)
-        n, quarantined = d.requeue_lost(lost)
+        last = recon.records[-1] if recon.records else None
+        where = (last.rank, self.hosts[last.rank] if last.rank < len(self.hosts) else "", last.how) if last else (-1, "", "")
+        n, quarantined = d.requeue_lost(lost, *where)
         wall = self.wall()
         for record in recon.records:
             self.failures.append(record.closed(n, tuple(quarantined), wall))
@@ -390,8 +414,9 @@ class Failures(StationCore):
         led = d.ledger
         results = tuple(zip(led.result_ids.tolist(), led.result_rows()))
         self.mirrored_failures = len(self.failures)
+        d.mirror_timeouts = {}
         return [Send(dep, Mirror(led.committed.ranges(), results, led.total, led.width, True, tuple(self.failures),
-                                 tuple(led.failed.values())))]
+                                 tuple(led.failed.values()), tuple(led.timeouts.items())))]
 
     def mirror_out(self, force: bool = False) -> list[Effect]:
         """The master: send the deputy what was committed since the last copy (batched), or a heartbeat."""
@@ -403,9 +428,10 @@ class Failures(StationCore):
             self.mirror_sent = now
             return self._mirror_full(deputy(self.hierarchy))
         if self.mirror_to < 0:  # one process: nobody to copy to
-            d.mirror_done, d.mirror_results, d.mirror_failed = RangeSet(), [], []
+            d.mirror_done, d.mirror_results, d.mirror_failed, d.mirror_timeouts = RangeSet(), [], [], {}
             return []
-        waiting = len(d.mirror_done) + len(d.mirror_failed) + len(self.failures) - self.mirrored_failures
+        waiting = (len(d.mirror_done) + len(d.mirror_failed) + len(self.failures) - self.mirrored_failures
+                   + len(d.mirror_timeouts))
         if not waiting:
             if now - self.mirror_sent < self.config.lease_min / 4:
                 return []
@@ -417,28 +443,6 @@ class Failures(StationCore):
         news = tuple(self.failures[self.mirrored_failures:])
         self.mirrored_failures = len(self.failures)
         msg = Mirror(d.mirror_done.ranges(), tuple(d.mirror_results), d.ledger.total, d.ledger.width, False, news,
-                     tuple(d.mirror_failed))
-        d.mirror_done, d.mirror_results, d.mirror_failed = RangeSet(), [], []
+                     tuple(d.mirror_failed), tuple(d.mirror_timeouts.items()))
+        d.mirror_done, d.mirror_results, d.mirror_failed, d.mirror_timeouts = RangeSet(), [], [], {}
         return [Send(self.mirror_to, msg)]
-
-    def lease_kills(self) -> list[Effect]:
-        """Children silent past their lease, and survivors that do not answer a reconciler within one: kill them.
-
-        MPI then reports them dead; without ULFM the job stops and the checkpoint resumes it: never a hang.
-        """
-        d = self.server
-        if d is None:
-            return []
-        c = self.config
-        now = self.clock()
-        # Every lease is at least lease_min: looking ten times per lease_min finds a silent
-        # child at most 10 % late, instead of scanning every child on every tick.
-        if now - self.leases_checked < c.lease_min / 10:
-            return []
-        self.leases_checked = now
-        late = [(r, "held tasks past its lease (hung)") for r in d.overdue(now, c.lease_min, c.lease_factor)]
-        recon = self.recon
-        if recon is not None and recon.expected and now - recon.started > c.lease_min + c.lease_factor * d.task_max:
-            late += [(r, "did not answer a reconciliation within a lease") for r in sorted(recon.expected - recon.killed)]
-            recon.killed |= recon.expected
-        return [Kill(r, why) for r, why in late]

@@ -48,12 +48,18 @@ class Ledger:
         self.commits = 0  # ids committed by this run
         #: Tasks that failed for good (this run, or recorded so by the runs it resumed).
         self.failed: dict[int, TaskFailure] = {}
+        #: Times each id ran past ``--task-timeout`` (kept across runs: they count toward quarantine).
+        self.timeouts: dict[int, int] = {}
+        #: This run runs the failed ids again (``--retry-failed``), instead of leaving them out.
+        self.retry = False
 
     def merge(self, other: Ledger) -> int:
         """Add what ``other`` committed and this ledger lacks (results included); return how many ids.
 
         Not counted as recomputed: the same commits seen from two copies (the deputy's and the file).
         """
+        for tid, k in other.timeouts.items():
+            self.timeouts[tid] = max(k, self.timeouts.get(tid, 0))
         fresh = other.committed.copy()
         fresh.remove_ranges(self.committed.ranges())
         if not fresh:

@@ -9,6 +9,7 @@ slave when it needs ids, simulated time). The steps:
 * :meth:`Loop.tick`: time-driven work (boards, batches, leases, planner);
 * :meth:`Loop.control`: the master's operator requests and stop signal;
 * :meth:`Loop.checkpoint`: the master's periodic checkpoint;
+* :meth:`Loop.watch`: processes that vanished (a rank that exited is never reported by MPI);
 * :meth:`Loop.need_ids`: the user's loop needs its next range.
 
 Pure Python: threads, locks and MPI belong to the port's owner.
@@ -20,15 +21,18 @@ from typing import Protocol
 
 from ..ranges import Ranges
 from .events import (
-    Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Kill, Leave, LoadCheckpoint, Log,
-    NeedIds, Ran, Received, Send, Stop, Tick, WriteCheckpoint,
+    Abandon, Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Kill, Leave,
+    LoadCheckpoint, Log, NeedIds, Ran, Received, Send, Stop, Tick, WriteCheckpoint,
 )
 from .ledger import Ledger
-from .messages import Message, Result, TaskFailure
+from .messages import Gone, Message, Result, TaskFailure
 from .master import Master
 from .station import Station
 
-__all__ = ["Port", "Loop"]
+__all__ = ["Port", "Loop", "WATCH_PERIOD"]
+
+#: Seconds between two looks at whether watched processes still exist.
+WATCH_PERIOD = 0.05
 
 
 class Port(Protocol):
@@ -40,8 +44,23 @@ class Port(Protocol):
     def poll(self) -> tuple[int, Message] | Died | None:
         """A waiting message ``(source, message)``, or ranks newly known dead, or None."""
 
-    def kill(self, rank: int, why: str) -> None:
-        """Kill process ``rank`` (from this host, or by asking a rank on its host)."""
+    def kill(self, rank: int, why: str) -> bool:
+        """Kill process ``rank`` (from this host, or by asking a rank on its host; this rank: at once).
+
+        Returns True when the process was gone already (it exited: MPI will never report it).
+        """
+
+    def gone(self, ranks: list[int]) -> list[int]:
+        """Those of ``ranks`` whose processes no longer exist (only those this rank can look at)."""
+
+    def declare_dead(self, ranks: tuple[int, ...]) -> None:
+        """Stop talking to ``ranks``: they are dead, although MPI may never say so."""
+
+    def retire(self, why: str) -> None:
+        """This rank leaves the job for good (its task hung): finish what must not be left half done."""
+
+    def heartbeat(self) -> None:
+        """The master: show that the job still runs (the checkpoint's lock)."""
 
     def write_checkpoint(self, ledger: Ledger, final: bool) -> str:
         """Write the ledger (``final``: synchronously); return an error text, or ""."""
@@ -60,6 +79,9 @@ class Port(Protocol):
 
     def stop_requested(self) -> bool:
         """Whether the job was asked to stop early (SIGUSR1)."""
+
+    def checkpoint_failed(self) -> str:
+        """The error of the latest checkpoint write (a full disk...), or ""."""
 
 
 class Loop:
@@ -82,6 +104,7 @@ class Loop:
         self.flushed_commits = 0
         self.final_written = False
         self.checkpoint_error = ""
+        self.watched_at = -1e300
 
     # -- effects -----------------------------------------------------------------------------
     def handle(self, event: Event) -> None:
@@ -101,7 +124,15 @@ class Loop:
                 self._write(e.final)
             elif kind is Kill:
                 assert isinstance(e, Kill)
-                port.kill(e.rank, e.why)
+                if port.kill(e.rank, e.why):  # it had exited: nobody else will ever hear of it
+                    self.lost((e.rank,), "exited (found gone)")
+            elif kind is Abandon:
+                assert isinstance(e, Abandon)
+                if e.rank == self.station.rank:
+                    port.retire(e.why)
+                    self.perform(self.station.abandon_self(e.why))
+                else:
+                    self.lost((e.rank,), f"given up: {e.why}")
             elif kind is LoadCheckpoint:
                 ledger, error = port.load_checkpoint()
                 self.handle(CheckpointLoaded(ledger, error))
@@ -113,6 +144,11 @@ class Loop:
                 port.log(e.text)
             else:
                 raise TypeError(f"not an nlevel effect: {e!r}")
+
+    def lost(self, ranks: tuple[int, ...], how: str) -> None:
+        """This rank found ``ranks`` dead (MPI will not say so): stop talking to them, tell everyone, repair."""
+        self.port.declare_dead(ranks)
+        self.handle(Died(ranks, how, tell=True))
 
     def _write(self, final: bool) -> None:
         st = self.station
@@ -148,8 +184,22 @@ class Loop:
             if isinstance(got, Died):
                 self.handle(got)
             else:
+                if isinstance(got[1], Gone):
+                    port.declare_dead(got[1].ranks)
                 self.handle(Received(got[0], got[1]))
         return n
+
+    def watch(self) -> None:
+        """Every :data:`WATCH_PERIOD`: watched ranks whose processes vanished are dead."""
+        now = self.station.clock()
+        if now - self.watched_at < WATCH_PERIOD:
+            return
+        self.watched_at = now
+        watched = self.station.watched()
+        if watched:
+            gone = self.port.gone(watched)
+            if gone:
+                self.lost(tuple(gone), "exited")
 
     def tick(self) -> None:
         """Time-driven work."""
@@ -160,6 +210,7 @@ class Loop:
         st = self.station
         if not isinstance(st.server, Master):
             return
+        self.port.heartbeat()
         for request in self.port.requests():
             self.handle(request)
         if self.port.stop_requested() and not st.stopped:
@@ -172,6 +223,15 @@ class Loop:
         ledger = st.ledger
         if ledger is None or self.final_written or not isinstance(st.server, Master):
             return
+        error = self.port.checkpoint_failed()
+        if error and not st.stopped:
+            # The old checkpoint is intact (every write replaces it atomically); going on would
+            # run tasks whose completions cannot be kept. Stop cleanly; the same command resumes.
+            self.checkpoint_error = error
+            self.port.log(f"{error}; stopping the job (tasks running now finish; free space, then run the same "
+                          f"command to resume)")
+            self.handle(Stop("checkpoint"))
+            return
         new = ledger.commits - self.flushed_commits
         if new and (new >= self.checkpoint_every or st.clock() - self.flushed_at >= self.checkpoint_interval):
             self._write(False)
@@ -179,6 +239,7 @@ class Loop:
     def step(self) -> int:
         """One round of a server's loop: messages, time, the master's controls and checkpoint."""
         n = self.receive()
+        self.watch()
         self.tick()
         self.control()
         self.checkpoint()

@@ -39,9 +39,11 @@ class Master(Server):
         self.mirror_done = RangeSet()
         self.mirror_results: list[tuple[int, Result]] = []
         self.mirror_failed: list[TaskFailure] = []
+        self.mirror_timeouts: dict[int, int] = {}  # timeouts counted since the last copy (id -> total)
         self.queue = ledger.remaining()
-        for f in ledger.failed.values():
-            self.queue.remove(f.id, f.id + 1)  # (a retry of failed ids is asked for explicitly)
+        if not ledger.retry:
+            for f in ledger.failed.values():
+                self.queue.remove(f.id, f.id + 1)  # (a retry of failed ids is asked for explicitly)
         # Ids handed out under an earlier plan (or to a non-child) not yet committed or
         # given back: the job is not finished while any is left.
         self.carried = RangeSet()

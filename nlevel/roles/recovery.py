@@ -95,7 +95,18 @@ class Reconciliation:
         self.expected.discard(rank)
         self.got.pop(rank, None)
         self.got_sent.pop(rank, None)  # (what it said it passed on is not known to have arrived)
+        for s in survivors:  # their answers may count completions they passed to it: ask again
+            self.got.pop(s, None)
+            self.expected.discard(s)
         return self._expect(survivors)
+
+    def reask(self, ranks: set[int]) -> set[int]:
+        """Answers of ``ranks`` are stale (a rank they may have sent completions to died): return whom to ask again."""
+        stale = ranks & (set(self.got) | self.expected)
+        for s in stale:
+            self.got.pop(s, None)
+            self.expected.discard(s)
+        return self._expect(stale)
 
     def _expect(self, survivors: set[int]) -> set[int]:
         new = survivors - self.expected - set(self.got)

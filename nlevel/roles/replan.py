@@ -52,7 +52,7 @@ class Replanning(StationCore):
         assert isinstance(new, Master)
         new.queue, new.aside, new.stopped = queue, aside, stopped
         new.carried = carried
-        new.task_mean, new.task_max, new.deaths = old.task_mean, old.task_max, old.deaths
+        new.task_mean, new.task_max, new.deaths, new.timeouts = old.task_mean, old.task_max, old.deaths, old.timeouts
         if not self.draining[self.epoch - 1]:
             del self.draining[self.epoch - 1]
         regroup = Regroup(self.epoch, plan)

@@ -132,6 +132,7 @@ class Server:
         self.settled = RangeSet()  # ids reported finished or given back without being held
         self.track_settled = False
         self.deaths: dict[int, int] = {}  # id -> processes that died holding it
+        self.timeouts: dict[int, int] = {}  # id -> times a rank holding it ran past --task-timeout
         self.quarantine = 3
         self.reconciling = False
         self.handed_off = RangeSet()  # ids taken from these boards by ranks that are not children
@@ -178,11 +179,13 @@ class Server:
         self.total_weight += weight - child.weight
         child.weight = weight
 
-    def requeue_lost(self, ids: RangeSet) -> tuple[int, list[int]]:
+    def requeue_lost(self, ids: RangeSet, rank: int = -1, host: str = "", how: str = "") -> tuple[int, list[int]]:
         """Ids held by a process that died: queue them again; return (requeued, quarantined ids).
 
         An id held by ``quarantine`` processes that died is not run again: it is recorded
-        failed (a task that kills its process would otherwise kill every rank in turn).
+        failed (a task that kills its process would otherwise kill every rank in turn), with
+        kind ``"timeout"`` when a rank holding it ran past ``--task-timeout``, else ``"died"``.
+        ``rank``, ``host`` and ``how``: the last death, for that record.
         """
         quarantined: list[int] = []
         if len(ids) <= 100_000:  # (a dead region-master's stock is not counted one by one)
@@ -192,8 +195,12 @@ class Server:
                     quarantined.append(tid)
         for tid in quarantined:
             ids.remove(tid, tid + 1)
-            self.task_failed(TaskFailure(tid, "died", f"quarantined: held by {self.deaths[tid]} processes that died",
-                                         attempts=self.deaths[tid]))
+            n, late = self.deaths[tid], self.timeouts.get(tid, 0)
+            why = f"quarantined: held by {n} processes that died" + (f", {late} of them past --task-timeout" if late
+                                                                     else "")
+            if how:
+                why += f" (the last: {how})"
+            self.task_failed(TaskFailure(tid, "timeout" if late else "died", why, rank, host, attempts=n))
         self.take_back(ids.ranges())
         return len(ids), quarantined
 
@@ -213,6 +220,24 @@ class Server:
             if now - child.heard > lease_min + lease_factor * self.task_max * per:
                 child.leased = True
                 late.append(child.rank)
+        return late
+
+    def timed_out(self, now: float, limit: float) -> list[tuple[int, RangeSet]]:
+        """Ranks that compute (this server's own loop included) whose ids have run past ``limit`` s each.
+
+        A child's clock starts when it last took ids or reported (``heard``); ``k`` ids held
+        may take ``k * limit``. Each is returned once (it is then being killed or given up), with
+        the ids it holds, which are counted toward their quarantine as timeouts.
+        """
+        late = []
+        for child in self.children.values():
+            if child.kind != LEAF or not child.held or child.leased:
+                continue
+            if now - child.heard > limit * len(child.held):
+                child.leased = True
+                for tid in child.held if len(child.held) <= 10_000 else ():
+                    self.timeouts[tid] = self.timeouts.get(tid, 0) + 1
+                late.append((child.rank, child.held.copy()))
         return late
 
     # -- the boards -----------------------------------------------------------------------
@@ -346,17 +371,21 @@ class Server:
             mean = report.busy / report.tasks
             self.task_mean += (mean - self.task_mean) * report.tasks / n
             self._tasks_seen = min(n, 10_000)  # (a moving mean: tasks may change over a job)
+        foreign = False
         for a, b in report.done:
             removed = child.held.remove(a, b)
             self.held_total -= removed
             if removed < b - a:
                 self.unexpected += (b - a) - removed
+                foreign = True
             if removed < b - a or self.track_settled:
                 self.settled.add(a, b)
         if report.done:
-            if self.track_settled:
+            if self.track_settled or foreign:
                 # After failures a Holding may have named these as held by another child too
-                # (a completion passed on, or an id run twice): nobody holds them now.
+                # (a completion passed on, or an id run twice), and after a plan switch a rank
+                # that was a child under the old plan may still be listed with them: nobody
+                # holds them now (else its lease would expire on ids long done).
                 for other in self.children.values():
                     if other is not child and other.held:
                         self.held_total -= other.held.remove_ranges(report.done)

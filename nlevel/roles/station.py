@@ -14,13 +14,18 @@ servers' and the runtime's: messages, ticks, deaths, the operator's requests.
 
 from __future__ import annotations
 
+from .ending import Closing
 from .events import (
     Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Leave, Log, NeedIds, Ran,
     Received, Send, Stop, Tick,
 )
 from .failures import Failures
-from .messages import Ack, BoardOp, BoardReply, Drain, Holding, KillRequest, Message, Mirror, Regroup, Report
+from .messages import (
+    Ack, BoardOp, BoardReply, Drain, Ending, Gone, Heartbeat, Holding, KillRequest, Message, Mirror, Regroup, Release,
+    Report, TimedOut,
+)
 from .replan import Replanning
+from .watch import Watching
 from .master import Master
 from .region import Region
 from .server import LEAF
@@ -32,11 +37,13 @@ __all__ = ["Station"]
 _ATTEMPTS = 8
 
 
-class Station(Failures, Replanning):
+class Station(Failures, Replanning, Closing, Watching):
     """The state machines of one rank; see :class:`~nlevel.roles.core.StationCore` for the arguments."""
 
     def handle(self, event: Event) -> list[Effect]:
         """Take one event; return what the runtime must do."""
+        if self.abandoned:
+            return []  # this rank left the job (its task hung): the others carry on without it
         kind = type(event)
         if kind is Received:
             assert isinstance(event, Received)
@@ -56,9 +63,10 @@ class Station(Failures, Replanning):
             return self.leave(event.unstarted)
         if kind is Died:
             assert isinstance(event, Died)
-            return self.fail(event.ranks, event.how)
+            return self.fail(event.ranks, event.how, event.tell)
         if kind is Stop:
-            return self.stop()
+            assert isinstance(event, Stop)
+            return self.stop(event.reason)
         if kind is DrainRequest:
             assert isinstance(event, DrainRequest)
             return self.drain(event)
@@ -86,8 +94,18 @@ class Station(Failures, Replanning):
         """A wire message from ``src``."""
         if isinstance(msg, Mirror):
             return self.on_mirror(msg)  # (even from a master that died since: its commits stand)
+        if isinstance(msg, Gone):
+            return self.fail(msg.ranks, msg.how)  # (news from a rank that may have died since)
+        if isinstance(msg, TimedOut):
+            return self.on_timed_out(msg)  # (sent by a rank just before it was killed)
         if src in self.failed:
             return []  # sent before it died; what it held is already back in a queue
+        if isinstance(msg, Heartbeat):
+            return self.on_heartbeat()
+        if isinstance(msg, Ending):
+            return self.on_ending(src, msg)
+        if isinstance(msg, Release):
+            return self.on_release(msg)
         if isinstance(msg, BoardOp):
             return self._board_op(src, msg)
         if self.ft and isinstance(msg, (Report, Holding)) and self.defer(src, msg):
@@ -154,7 +172,9 @@ class Station(Failures, Replanning):
         outs += self.worker_report()
         outs += self.lease_kills()
         if self.ft:
-            outs += self.mirror_out() + self.watch_master()
+            outs += self.mirror_out()
+        outs += self.heartbeats() + self.watch_master()
+        outs += self.closing()
         return outs
 
     # -- the user's loop -------------------------------------------------------------------
@@ -194,11 +214,13 @@ class Station(Failures, Replanning):
         return self.report_up(w.leave(unstarted, self.clock()), w.parent)
 
     # -- the master's controls ---------------------------------------------------------------
-    def stop(self) -> list[Effect]:
-        """The master: stop handing out ids (SIGUSR1); running tasks finish, then everyone is released."""
+    def stop(self, reason: str = "SIGUSR1") -> list[Effect]:
+        """The master: stop handing out ids (SIGUSR1, a task past its time limit without fault tolerance,
+        a checkpoint that cannot be written); running tasks finish, then everyone is released."""
         d = self.server
         if not isinstance(d, Master):
             return []
+        self.stop_reason = self.stop_reason or reason
         d.stop(self.clock())
         return self.serve()
 

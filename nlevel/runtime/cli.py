@@ -61,7 +61,7 @@ def build_parser(app: App | None = None) -> argparse.ArgumentParser:
         if name == "progress":
             continue
         default = getattr(defaults, name)
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else "none" if default is None else default
         suffix = f" [default {shown if shown != '' else 'auto'}{' ' + unit if unit and shown != '' else ''}]"
         groups["hierarchy" if name in _HIERARCHY else "tuning"].add_argument(
             _setting_flag(name), dest=name, metavar=name.upper(), help=help_text + suffix

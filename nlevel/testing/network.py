@@ -6,6 +6,12 @@ every step picks at random what happens next: a message delivered, a rank's tick
 user loop running its next task, a rank dying, a survivor learning of a death. The
 driver records how often each id ran, so tests can check the promises: every id
 committed exactly once, and run twice only if it was at risk. Pure Python, no MPI.
+
+Deaths come in three kinds, as on a real machine: killed (every survivor learns of it
+later, as ULFM tells them), *vanished* (the process exited: nobody is told; its watchers
+find it gone), and *hung* (stopped, or stuck in a task: it is there, and says nothing).
+The run is over when every survivor has been released by the master
+(:mod:`nlevel.roles.ending`); the master's "report" here is a small dict.
 """
 
 from __future__ import annotations
@@ -82,11 +88,31 @@ class _Port:
     def poll(self) -> tuple[int, Message] | Died | None:
         return self.inbox.popleft() if self.inbox else None
 
-    def kill(self, rank: int, why: str) -> None:
+    def kill(self, rank: int, why: str) -> bool:
+        if rank in self.net.dead:
+            return rank in self.net.vanished
         self.net.kills.append((rank, why))
         self.net.die(rank)
+        return False
+
+    def gone(self, ranks: list[int]) -> list[int]:
+        return [r for r in ranks if r in self.net.vanished]
+
+    def declare_dead(self, ranks: tuple[int, ...]) -> None:
+        pass  # (sends to a dead rank are dropped by the network already)
+
+    def retire(self, why: str) -> None:
+        self.net.retired[self.rank] = why
+
+    def heartbeat(self) -> None:
+        pass
+
+    def checkpoint_failed(self) -> str:
+        return self.net.disk_error
 
     def write_checkpoint(self, ledger: Ledger, final: bool) -> str:
+        if self.net.disk_error:
+            return self.net.disk_error
         self.net.disk = _copy(ledger)
         return ""
 
@@ -132,6 +158,8 @@ class Outcome:
     users: dict[int, Any] = field(default_factory=dict)
     kills: list[tuple[int, str]] = field(default_factory=list)
     steps: int = 0
+    report: dict[str, Any] | None = None
+    retired: set[int] = field(default_factory=set)
 
 
 class Network:
@@ -146,11 +174,15 @@ class Network:
         completed: Ids committed by an earlier run.
         raises: Ids whose task raises every time it runs.
         boards: Board memory (default: small rings).
+        exits: Ids whose task makes its process exit (it vanishes) every time it runs.
+        hangs: Ids whose task never returns (the rank's loop is stuck; a server's thread goes on).
+        ledger: The master's starting ledger (default: a fresh one with ``completed``).
     """
 
     def __init__(self, size: int, plan: Plan, total: int, seed: int, config: Config | None = None,
                  completed: tuple[tuple[int, int], ...] = (), raises: frozenset[int] = frozenset(),
-                 boards: LocalBoards | None = None) -> None:
+                 boards: LocalBoards | None = None, exits: frozenset[int] = frozenset(),
+                 hangs: frozenset[int] = frozenset(), ledger: Ledger | None = None) -> None:
         self.rng = random.Random(seed)
         self.size = size
         self.total = total
@@ -159,7 +191,7 @@ class Network:
         self.clock = Clock()
         self.boards = boards or LocalBoards()
         h = build(size, plan)
-        self.ledger0 = Ledger(total, completed)
+        self.ledger0 = ledger if ledger is not None else Ledger(total, completed)
         self.stations = [Station(h, r, self.config, self.clock, self.boards, total,
                                  self.ledger0 if r == 0 else None, wall=self.clock) for r in range(size)]
         self.ports = [_Port(self, r) for r in range(size)]
@@ -168,7 +200,15 @@ class Network:
         self.users = {r: _User() for r in range(size) if self.stations[r].worker is not None}
         self.executed: dict[int, int] = {}
         self.raises = raises
+        self.exits = exits
+        self.hangs = hangs
         self.dead: set[int] = set()
+        self.vanished: set[int] = set()  # dead without anyone being told
+        self.hung: set[int] = set()  # alive and silent: never stepped again
+        self.stuck: set[int] = set()  # inside a task that never returns (a server's thread still steps)
+        self.retired: dict[int, str] = {}  # ranks that left the job (Abandon of themselves)
+        self.disk_error = ""
+        self.report: dict[str, object] | None = None
         self.notices: dict[int, list[int]] = {}  # survivor -> dead ranks it has not heard of yet
         self.disk: Ledger | None = None
         self.kills: list[tuple[int, str]] = []
@@ -178,13 +218,29 @@ class Network:
         self.at_risk = RangeSet()
 
     def master(self) -> int:
-        return min(r for r in range(self.size) if r not in self.dead)
+        return min(r for r in range(self.size) if r not in self.dead and r not in self.retired)
+
+    def live(self) -> list[int]:
+        """Ranks that take part (not dead, not retired)."""
+        return [r for r in range(self.size) if r not in self.dead and r not in self.retired]
 
     # -- deaths -------------------------------------------------------------------------
-    def die(self, rank: int) -> None:
-        """Rank ``rank`` dies now: what it held is at risk; every survivor will hear of it, later."""
+    def vanish(self, rank: int) -> None:
+        """Rank ``rank``'s process exits now: dead, and nobody is told (its watchers must find out)."""
+        self.die(rank, notify=False)
+        self.vanished.add(rank)
+
+    def hang(self, rank: int) -> None:
+        """Rank ``rank`` stops (SIGSTOP): alive, silent, never stepped again until killed."""
+        if rank not in self.dead:
+            self.hung.add(rank)
+
+    def die(self, rank: int, notify: bool = True) -> None:
+        """Rank ``rank`` dies now: what it held is at risk; every survivor will hear of it, later (``notify``)."""
         if rank in self.dead:
             return
+        self.hung.discard(rank)
+        self.stuck.discard(rank)
         st = self.stations[rank]
         self.at_risk.add_ranges(st.holding().ranges())
         for (src, dest), q in self.channels.items():
@@ -211,9 +267,10 @@ class Network:
         for (src, dest) in list(self.channels):
             if dest == rank:
                 del self.channels[(src, dest)]
-        for r in range(self.size):
-            if r not in self.dead:
-                self.notices.setdefault(r, []).append(rank)
+        if notify:
+            for r in range(self.size):
+                if r not in self.dead:
+                    self.notices.setdefault(r, []).append(rank)
 
     def lost(self, msg: Message) -> None:
         """A message to or from a dead rank: the ids it carried are at risk."""
@@ -228,9 +285,11 @@ class Network:
         """Do one random thing; return False when nothing is left to do."""
         rng = self.rng
         self.clock.t += rng.random() * 1e-3
-        live = [k for k, q in self.channels.items() if q]
-        runnable = [r for r, u in self.users.items() if u.state in ("need", "run", "wait")]
-        noticed = [r for r, n in self.notices.items() if n and r not in self.dead]
+        silent = self.hung | set(self.retired)
+        live = [k for k, q in self.channels.items() if q and k[1] not in silent]
+        runnable = [r for r, u in self.users.items() if u.state in ("need", "run", "wait") and r not in silent
+                    and r not in self.stuck]
+        noticed = [r for r, n in self.notices.items() if n and r not in self.dead and r not in silent]
         choice = rng.random()
         if noticed and choice < 0.1:
             r = rng.choice(noticed)
@@ -246,10 +305,23 @@ class Network:
             r = rng.choice(runnable)
             (user_step or self.user_step)(r, self.users[r])
             return True
-        # a tick somewhere (servers first: they are what moves the job when users wait)
-        servers = [r for r in range(self.size) if r not in self.dead and not self.stations[r].done_serving]
-        waiting = [r for r, u in self.users.items() if u.state == "wait"]
-        pool = servers + waiting
+        # a tick somewhere (servers first: they are what moves the job when users wait); a rank
+        # whose user loop is over keeps ticking until the master releases it (the end)
+        stations = self.stations
+        servers = [r for r in range(self.size) if r not in self.dead and r not in silent
+                   and not stations[r].done_serving and (r not in self.stuck or stations[r].server is not None)]
+        waiting = [r for r, u in self.users.items() if u.state == "wait" and r not in silent and r not in self.stuck]
+        ending = [r for r in self.live() if r not in self.hung and stations[r].released is None
+                  and (stations[r].ended or stations[r].server is not None) and r not in self.stuck]
+        pool = servers + waiting + ending
+        master = self.master() if self.live() else None
+        if master is not None and master not in self.hung and stations[master].released is None:
+            ready = stations[master].ready()
+            if ready is not None:
+                rows, stats = ready
+                self.report = {"rows": rows, "failures": stats["failures"], "master": master}
+                self.loops[master].perform(stations[master].release(0, self.report))
+                return True
         if not pool and not live and not runnable and not noticed:
             return False
         if pool:
@@ -285,6 +357,12 @@ class Network:
             u.state = "left"
             return
         self.executed[tid] = self.executed.get(tid, 0) + 1
+        if tid in self.exits:
+            self.vanish(r)  # the task ended its process (os._exit from C, say): nobody is told
+            return
+        if tid in self.hangs:
+            self.stuck.add(r)  # never returns; a server's thread still runs
+            return
         u.ran += 1
         u.next_id = tid + 1
         failed: tuple[TaskFailure, ...] = ()
@@ -302,9 +380,10 @@ class Network:
                 u.hand = None
                 u.state = "need"
 
-    def run(self, max_steps: int = 200_000, kills: Sequence[tuple[int, int]] = (),
+    def run(self, max_steps: int = 200_000, kills: Sequence[tuple[int, ...]] = (),
             user_step: Callable[[int, _User], None] | None = None) -> Outcome:
-        """Step until nothing is left to do; ``kills``: (step, rank) deaths.
+        """Step until nothing is left to do; ``kills``: (step, rank) deaths, or (step, rank, kind)
+        with kind ``"kill"``, ``"vanish"`` or ``"hang"``.
 
         Raises:
             AssertionError: when the farm does not finish within ``max_steps`` (a hang).
@@ -312,16 +391,21 @@ class Network:
         pending = sorted(kills)
         for n in range(max_steps):
             while pending and pending[0][0] <= n:
-                _, victim = pending.pop(0)
-                if len([r for r in range(self.size) if r not in self.dead]) > 1:
-                    self.die(victim)
-            for u in self.users.values():
+                event = pending.pop(0)
+                victim, kind = event[1], (event[2] if len(event) > 2 else "kill")
+                if len([r for r in self.live() if r not in self.hung]) > 1:
+                    {"kill": self.die, "vanish": self.vanish, "hang": self.hang}[kind](victim)
+            for r, u in list(self.users.items()):
                 if u.state == "wait":
+                    # A user loop waiting for ids runs its rank's loop (as the runtime's does) and asks again.
                     u.state = "need"
+                    if r not in self.hung and r not in self.stuck and r not in self.dead and self.rng.random() < 0.2:
+                        self.loops[r].step()
             if not self.step(user_step):
                 break
         else:
             raise AssertionError(f"the in-process farm did not finish in {max_steps} steps: a hang")
         ledger = self.stations[self.master()].ledger
         assert ledger is not None
-        return Outcome(ledger, self.executed, self.stations, self.dead, self.at_risk, self.users, self.kills, n)
+        return Outcome(ledger, self.executed, self.stations, self.dead, self.at_risk, self.users, self.kills, n,
+                       self.report, set(self.retired))

@@ -1,0 +1,182 @@
+"""How a job ends: every rank's statistics travel up the tree, then the master releases everyone. Pure Python.
+
+The end is part of the job, not a collective call after it, so a death while it runs is
+handled like any other (MPI collectives hang when a process exited without MPI noticing,
+and fail when one dies during them):
+
+* A rank is *over* when its user loop is over and it serves nobody anymore (the master:
+  its final checkpoint is on disk). It then waits for an :class:`~nlevel.roles.messages.Ending`
+  from each live child, and sends its parent one Ending holding its own row and statistics
+  merged with its children's. A rank whose parent changed (a death) sends it again to the
+  new parent; a later Ending from the same rank replaces the earlier.
+* A child that does not send its Ending within a lease after its parent is over is hung:
+  killed, then handled like any death (the job does not wait for it).
+* The master, once every live child's Ending is in, has every surviving rank's row and
+  statistics: the runtime writes the report and calls :meth:`Closing.release`, which tells
+  the deputy first (with the report) and then every rank, the deputy last. A deputy told
+  that the master was releasing, whose master then dies, releases the others itself.
+
+A rank's loop runs until it is released (:attr:`Closing.released`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..stats import RequestTimes, Summary
+from .core import StationCore
+from .events import Effect, Kill, Send
+from .messages import Ending, Release
+from .recovery import deputy
+from .region import Region
+
+__all__ = ["Closing", "merge_stats", "own_stats"]
+
+
+def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Combine two ranks' (or subtrees') mergeable statistics."""
+    tasks = Summary()
+    for t in (a.get("tasks"), b.get("tasks")):
+        if t is not None:
+            tasks.merge(t)
+    requests: dict[int, RequestTimes] = {}
+    for side in (a.get("requests", {}), b.get("requests", {})):
+        for level, rt in side.items():
+            requests.setdefault(level, RequestTimes()).merge(rt)
+    return {
+        "tasks": tasks,
+        "requests": requests,
+        "unexpected": a.get("unexpected", 0) + b.get("unexpected", 0),
+        "failures": a.get("failures", []) + b.get("failures", []),
+        "timeline": {**a.get("timeline", {}), **b.get("timeline", {})},
+    }
+
+
+def own_stats(st: StationCore) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One rank's (row, mergeable statistics) for the run report."""
+    info = st.info
+    w, d = st.worker, st.server
+    row: dict[str, Any] = {
+        "rank": st.rank,
+        "role": info.role.value,
+        "level": info.level,
+        "tasks": w.task_times.n if w is not None else 0,
+        "busy_s": w.task_times.total if w is not None else 0.0,
+        "served": st.served,
+    }
+    requests: dict[int, Any] = {}
+    if w is not None and w.claims.total.n and w.parent != st.rank:
+        requests[info.level] = w.claims  # its claims on its parent's board, one level up
+    elif w is not None and w.claims.total.n and info.level == 0:
+        requests[info.level + 1] = w.claims  # the master's own loop claims from its own board
+    if isinstance(d, Region) and d.requests.total.n:
+        requests.setdefault(info.level, d.requests)
+    merged: dict[str, Any] = {
+        "tasks": w.task_times if w is not None else None,
+        "requests": requests,
+        "unexpected": d.unexpected if d is not None else 0,
+        "failures": [f.to_dict() for f in st.failures],
+        "timeline": {st.rank: dict(st.served_bins)} if st.served_bins else {},
+    }
+    return row, merged
+
+
+class Closing(StationCore):
+    """The end of the job on one rank (see the module docstring)."""
+
+    @property
+    def over(self) -> bool:
+        """Whether this rank's part of the job is done: its loop is over and it serves nobody."""
+        return not self.abandoned and self.ended and self.done_serving and not self.loading
+
+    def _live_children(self) -> list[int]:
+        return [c for c in self.info.children if c not in self.failed and c != self.rank]
+
+    def _payload(self, children: list[int]) -> tuple[tuple[dict[str, Any], ...], dict[str, Any]]:
+        row, stats = own_stats(self)
+        rows = [row]
+        for c in children:
+            e = self.endings[c]
+            rows.extend(e.rows)
+            stats = merge_stats(stats, e.stats)
+        return tuple(rows), stats
+
+    def closing(self) -> list[Effect]:
+        """On each tick: send this rank's Ending up once its subtree is over; kill children that never end."""
+        if self.released is not None or not self.over:
+            return []
+        now = self.clock()
+        if self.over_since is None:
+            self.over_since = now
+        children = self._live_children()
+        missing = [c for c in children if c not in self.endings]
+        if missing:
+            return self._end_lease(missing, now)
+        parent = self.info.parent
+        if parent is None:
+            return []  # the master: ready (see ready()); the runtime writes the report and releases
+        key = (parent, tuple((c, id(self.endings[c])) for c in children), len(self.failures))
+        if key == self.end_key:
+            return []
+        self.end_key = key
+        rows, stats = self._payload(children)
+        return [Send(parent, Ending(rows, stats))]
+
+    def _end_lease(self, missing: list[int], now: float) -> list[Effect]:
+        """A child that has not ended a lease after this rank did is hung (nothing it holds: the job is over)."""
+        c = self.config
+        assert self.over_since is not None
+        outs: list[Effect] = []
+        for r in missing:
+            if r in self.end_killed:
+                continue
+            # A server child waits for its own children first: its lease is longer than theirs.
+            depth = max(0, self.hierarchy.plan.levels - 1 - self.hierarchy[r].level)
+            if now - self.over_since > c.lease_min * (1 + 2 * depth):
+                self.end_killed.add(r)
+                outs.append(Kill(r, "did not end within a lease after the job was over (hung)"))
+        return outs
+
+    def on_ending(self, src: int, msg: Ending) -> list[Effect]:
+        """A child's subtree is over (kept even from a rank not yet known as a child: a failure may make it one)."""
+        self.endings[src] = msg
+        return self.closing()
+
+    def ready(self) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+        """The master, once every live rank has ended: (every rank's row, the merged statistics); else None."""
+        if self.info.parent is not None or self.released is not None or not self.over:
+            return None
+        children = self._live_children()
+        if any(c not in self.endings for c in children):
+            return None
+        rows, stats = self._payload(children)
+        return sorted(rows, key=lambda r: r["rank"]), stats
+
+    def release(self, code: int, report: dict[str, Any] | None) -> list[Effect]:
+        """The master: end the job for everyone; ``code`` is the status processes end with after failures."""
+        failed = tuple(sorted(self.failed))
+        dep = deputy(self.hierarchy)
+        outs: list[Effect] = []
+        if dep is not None:
+            outs.append(Send(dep, Release(code, failed, report, pending=True)))
+        others = sorted((r for r in range(self.size) if r not in self.failed and r not in (self.rank, dep)),
+                        reverse=True)
+        outs += [Send(r, Release(code, failed)) for r in others]
+        if dep is not None:
+            outs.append(Send(dep, Release(code, failed)))
+        self.released = Release(code, failed, report)
+        return outs
+
+    def on_release(self, msg: Release) -> list[Effect]:
+        """The master says the job is over (``pending``: this rank is the deputy, told first)."""
+        if msg.pending:
+            self.pending_release = msg
+        else:
+            self.released = msg
+        return []
+
+    def release_for_dead_master(self) -> list[Effect]:
+        """A new master whose predecessor died while releasing: release everyone still here."""
+        pending = self.pending_release
+        assert pending is not None
+        return self.release(pending.code, pending.report)
