@@ -105,6 +105,16 @@ class AutoPlanner:
             return None
         return self._decide(now)
 
+    def next_check(self, now: float) -> float:
+        """When :meth:`tick` next has something to do (a simulation ticks the master then)."""
+        if self.state == "warmup":
+            return now if len(self.first_task_times) >= min(self.size - 1, 8) else math.inf
+        if self.state == "sampling":
+            return self.window_start + self.samples * self.interval
+        if self.state == "idle":
+            return self.next_window
+        return math.inf
+
     def _start_window(self, now: float, task_times: list[float]) -> None:
         workers = self.size if self.plan.serve_only == "none" else self.size - 1
         self.interval, self.samples = sampling_rule(task_times, workers)

@@ -191,13 +191,13 @@ class StationCore:
         return self.report_up(w.report(now), w.parent)
 
     # -- the server's step -------------------------------------------------------------------
-    def serve(self) -> list[Effect]:
-        """A server's work now: attribute claims, refill, publish, forward, finish."""
+    def serve(self, full: bool = False) -> list[Effect]:
+        """A server's work now: attribute claims (``full``: every published slot), refill, publish, forward, finish."""
         d = self.server
         if d is None:
             return []
         now = self.clock()
-        d.scan(now)
+        d.scan(now, full)
         self._timeline(d)
         outs: list[Effect] = []
         if isinstance(d, Region):

@@ -283,7 +283,10 @@ class Failures(StationCore):
         for r, ch in old.children.items():
             child = new.adopt_child(r, ch.weight, ch.kind)
             child.held = ch.held
-            child.left, child.heard = ch.left, ch.heard
+            child.heard = ch.heard
+            if ch.left and not child.left:
+                child.left = True
+                new._gone(child)
         new.held_total = sum(len(ch.held) for ch in new.children.values())
         # (Not its `settled`: what it passed up went to the master that died; the ledger decides now.)
         new.task_max, new.deaths, new.task_mean = old.task_max, old.deaths, old.task_mean

@@ -110,7 +110,7 @@ class Master(Server):
     @property
     def abandoned(self) -> bool:
         """Whether every child left the loop early holding nothing: the job ends here, incomplete."""
-        return (bool(self.children) and all(c.left for c in self.children.values()) and not self.held_total
+        return (bool(self.children) and not (self.live[0] or self.live[1]) and not self.held_total
                 and not self.reconciling)
 
     @property

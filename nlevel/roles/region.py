@@ -110,7 +110,7 @@ class Region(Server):
 
     def everyone_left(self) -> bool:
         """Whether every child has left the loop early."""
-        return bool(self.children) and all(c.left for c in self.children.values())
+        return bool(self.children) and not (self.live[LEAF] or self.live[UPPER])
 
     def flush_due(self, now: float) -> bool:
         """Whether buffered completions should go up now."""

@@ -19,17 +19,17 @@ from ..model.hierarchy import build
 from ..model.plan import Plan
 from ..ranges import RangeSet
 from .board import CLOSED
-from .core import StationCore
+from .failures import Failures
 from .events import Effect, Send
-from .messages import Ack, Message, Regroup, Report
+from .messages import Ack, Regroup, Report
 from .master import Master
 from .region import Region
 
 __all__ = ["Replanning"]
 
 
-class Replanning(StationCore):
-    """The plan-changing part of a station."""
+class Replanning(Failures):
+    """The plan-changing part of a station (on top of its failure handling)."""
 
     def switch(self, plan: Plan) -> list[Effect]:
         """The master: move the whole job to ``plan``; return the Regroup messages to send."""
@@ -105,9 +105,6 @@ class Replanning(StationCore):
             if not waiting:
                 del self.draining[msg.epoch - 1]
         return []
-
-    def receive(self, src: int, msg: Message) -> list[Effect]:
-        raise NotImplementedError  # (the Station's)
 
     def held_below(self) -> RangeSet:
         """Ids this rank's children hold (for a switch's carried set)."""

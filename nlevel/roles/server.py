@@ -114,6 +114,8 @@ class Server:
         self.children: dict[int, Child] = {}
         self.total_weight = 0
         self.held_total = 0
+        self.live = {LEAF: 0, UPPER: 0}  # children of each board kind still in the loop
+        self.live_weight = {LEAF: 0, UPPER: 0}
         self.owners: dict[int, Owner] = {}
         for r, w in weights.items():
             kind = UPPER if r != rank and hierarchy[r].children else LEAF
@@ -141,6 +143,8 @@ class Server:
         child = self.children[rank] = Child(rank, weight, kind)
         child.heard = self.clock()
         self.total_weight += weight
+        self.live[kind] += 1
+        self.live_weight[kind] += weight
         if kind not in self.owners:
             owner = self.owners[kind] = Owner(self.boards.slots(kind))
             owner.start(self.boards(self.rank, kind), self.epoch)
@@ -148,11 +152,18 @@ class Server:
 
     def drop_child(self, rank: int) -> RangeSet:
         """Forget a dead child; return the ids it held (the caller requeues or reconciles them)."""
-        self.scan(self.clock())
+        self.scan(self.clock(), full=True)
         child = self.children.pop(rank)
         self.held_total -= len(child.held)
         self.total_weight = max(0, self.total_weight - child.weight)
+        if not child.left:
+            self._gone(child)
         return child.held
+
+    def _gone(self, child: Child) -> None:
+        """``child`` claims no more (it left, or died)."""
+        self.live[child.kind] -= 1
+        self.live_weight[child.kind] -= child.weight
 
     def adopt_child(self, rank: int, weight: int, kind: int, held: RangeSet | None = None) -> Child:
         """Take a new child (after a failure re-laid the hierarchy), optionally holding ``held``."""
@@ -176,6 +187,8 @@ class Server:
         """A child's subtree changed size."""
         child = self.children[rank]
         self.total_weight += weight - child.weight
+        if not child.left:
+            self.live_weight[child.kind] += weight - child.weight
         child.weight = weight
 
     def requeue_lost(self, ids: RangeSet) -> tuple[int, list[int]]:
@@ -216,11 +229,11 @@ class Server:
         return late
 
     # -- the boards -----------------------------------------------------------------------
-    def scan(self, now: float) -> None:
-        """Attribute what children took from the boards; take back limbo past its grace."""
+    def scan(self, now: float, full: bool = False) -> None:
+        """Attribute what children took from the boards; take back limbo past its grace (see :meth:`Owner.scan`)."""
         for kind, owner in self.owners.items():
             mem = self.boards(self.rank, kind)
-            owner.scan(mem, now)
+            owner.scan(mem, now, full)
             owner.reclaim(mem, now - LIMBO_GRACE)
             self._settle_owner(owner, kind, now)
 
@@ -292,18 +305,18 @@ class Server:
             owner = self.owners.get(kind)
             if owner is None or owner.flags or not queue:
                 continue
-            claimers = [c for c in self.children.values() if c.kind == kind and not c.left]
+            claimers = self.live[kind]
             if not claimers:
                 continue
             # Enough ranges that every claimer finds one more after taking one, and enough for
             # what the board's claimers take over the horizon (the owner's tick period, a few times).
             if kind == LEAF:
                 size = self.leaf_chunk(available)
-                depth = max(2 * len(claimers), math.ceil(self.rate[LEAF] * self.sizing.horizon / size))
+                depth = max(2 * claimers, math.ceil(self.rate[LEAF] * self.sizing.horizon / size))
             else:
-                weight = max(1, round(sum(c.weight for c in claimers) / len(claimers)))
+                weight = max(1, round(self.live_weight[UPPER] / claimers))
                 size = self.block(available, weight)
-                depth = max(2 * len(claimers), math.ceil(self.rate[UPPER] * self.sizing.horizon / size))
+                depth = max(2 * claimers, math.ceil(self.rate[UPPER] * self.sizing.horizon / size))
             want = min(owner.room(), depth + owner.waiting - owner.unclaimed_slots)
             if want <= 0:
                 continue
@@ -315,7 +328,7 @@ class Server:
         owners = self.owners
         if not owners:
             return
-        live = {k: any(c.kind == k and not c.left for c in self.children.values()) for k in owners}
+        live = {k: self.live[k] > 0 for k in owners}
         starving = not self.queue and any(o.waiting for k, o in owners.items() if live[k])
         for kind, owner in owners.items():
             if owner.flags or not owner.unclaimed_slots:
@@ -338,6 +351,8 @@ class Server:
         if child is None:
             # Not a child (anymore): its completions still count, its ids are nobody's here.
             child = Child(src, 0, LEAF)
+        elif report.done and not all(child.held.overlap(a, b) == b - a for a, b in report.done):
+            self.scan(now, full=True)  # a claim the quick look missed (a ticket the ring lapped)
         child.heard = now
         if report.task_max > self.task_max:
             self.task_max = report.task_max
@@ -371,8 +386,9 @@ class Server:
             self.held_total -= child.held.remove(a, b)
         if report.handed_off:
             self._handed_off_below(report.handed_off)
-        if report.leaving and src in self.children:
+        if report.leaving and src in self.children and not child.left:
             child.left = True
+            self._gone(child)
         self._after_report(report, now)
 
     # -- what the master and the regions do differently ----------------------------------------

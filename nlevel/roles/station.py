@@ -18,7 +18,6 @@ from .events import (
     Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Leave, Log, NeedIds, Ran,
     Received, Send, Stop, Tick,
 )
-from .failures import Failures
 from .messages import Ack, BoardOp, BoardReply, Drain, Holding, KillRequest, Message, Mirror, Regroup, Report
 from .replan import Replanning
 from .master import Master
@@ -32,7 +31,7 @@ __all__ = ["Station"]
 _ATTEMPTS = 8
 
 
-class Station(Failures, Replanning):
+class Station(Replanning):
     """The state machines of one rank; see :class:`~nlevel.roles.core.StationCore` for the arguments."""
 
     def handle(self, event: Event) -> list[Effect]:
@@ -150,7 +149,7 @@ class Station(Failures, Replanning):
             plan = self.planner.tick(self.clock(), ledger.n_committed / max(1, ledger.total), d)
             if plan is not None and plan.min_size() <= self.size:
                 outs += self.switch(plan)
-        outs += self.serve()
+        outs += self.serve(full=True)
         outs += self.worker_report()
         outs += self.lease_kills()
         if self.ft:
@@ -173,7 +172,9 @@ class Station(Failures, Replanning):
                 w.state = State.WAIT  # the failure notice will give it a new parent
                 break
             claim = w.refill(self.boards(w.parent, LEAF), self.clock())
-            if w.hand is not None or w.state is State.END or claim is None:
+            # (self.hand, not w.hand: mypy narrowed w.hand to None above, and the compiled
+            # simulator would enforce that narrowing although refill() just set it)
+            if self.hand is not None or w.state is State.END or claim is None:
                 break
             if claim.status == "lost":
                 continue

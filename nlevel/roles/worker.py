@@ -69,7 +69,7 @@ class Worker:
         self.task_times = Summary(11)
         self.tasks = 0  # tasks since the last report, and their seconds
         self.busy = 0.0
-        self.claims = RequestTimes()
+        self.claims: RequestTimes | None = RequestTimes()  # (None: not measured, e.g. in the simulator)
         self.wait_started: float | None = None  # since when the user's loop has been waiting for ids
 
     # -- the user's loop ------------------------------------------------------------------
@@ -122,7 +122,8 @@ class Worker:
             t1 = clock() if clock is not None else now
             self.hand = (claim.start, claim.stop)
             self.state = State.RUN
-            self.claims.add_parts(t1 - self.wait_started, t1 - t0)
+            if self.claims is not None:
+                self.claims.add_parts(t1 - self.wait_started, t1 - t0)
             self.wait_started = None
         elif status == "final":
             self.state = State.END

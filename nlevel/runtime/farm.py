@@ -299,9 +299,9 @@ class FarmRuntime:
             "served": st.served,
         }
         requests: dict[int, Any] = {}
-        if w is not None and w.claims.total.n and w.parent != self.rank:
+        if w is not None and w.claims is not None and w.claims.total.n and w.parent != self.rank:
             requests[info.level] = w.claims  # its claims on its parent's board, one level up
-        elif w is not None and w.claims.total.n and info.level == 0:
+        elif w is not None and w.claims is not None and w.claims.total.n and info.level == 0:
             requests[info.level + 1] = w.claims  # the master's own loop claims from its own board
         if isinstance(d, Region) and d.requests.total.n:
             requests.setdefault(info.level, d.requests)
