@@ -17,20 +17,13 @@ import traceback
 from typing import Any, Sequence
 
 from .._version import __version__
-from ..config import SETTINGS, Config, parse_setting
+from ..config import GROUPS, SETTINGS, Config, parse_setting
 from ..errors import AppError, ConfigError, NlevelError
 from ..roles.messages import TaskFailure
 from .app import App, load_app
 from . import signals
 
 __all__ = ["main", "build_parser"]
-
-_HIERARCHY = ("levels", "regions", "prefetch", "chunk", "serve_only")
-
-
-def _setting_flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
 
 def build_parser(app: App | None = None) -> argparse.ArgumentParser:
     """Return the parser of nlevel's options, plus the app's own options when ``app`` is given."""
@@ -52,19 +45,12 @@ def build_parser(app: App | None = None) -> argparse.ArgumentParser:
         "--report", metavar="FILE", default="nlevel-report.json", help="JSON report path (default nlevel-report.json; '' for none)"
     )
     run.add_argument("--quiet", action="store_true", help="no progress display and no summary")
-    groups = {
-        "hierarchy": p.add_argument_group("hierarchy"),
-        "tuning": p.add_argument_group("tuning"),
-    }
-    defaults = Config()
-    for name, (unit, help_text) in SETTINGS.items():
-        if name == "progress":
+    groups = {key: p.add_argument_group(title) for key, title in GROUPS.items()}
+    for s in SETTINGS.values():
+        if not s.cli:
             continue
-        default = getattr(defaults, name)
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        suffix = f" [default {shown if shown != '' else 'auto'}{' ' + unit if unit and shown != '' else ''}]"
-        groups["hierarchy" if name in _HIERARCHY else "tuning"].add_argument(
-            _setting_flag(name), dest=name, metavar=name.upper(), help=help_text + suffix
+        groups[s.group].add_argument(
+            s.flag, dest=s.name, metavar=s.name.upper(), help=f"{s.help} [default {s.show()}; {s.env}]"
         )
     if app is not None:
         group = p.add_argument_group(f"{app.name} options")
@@ -137,9 +123,9 @@ def _prepare(argv: Sequence[str] | None) -> tuple[App, argparse.Namespace, int, 
     argv = args
     options = build_parser(app).parse_args(argv)
     overrides = {
-        name: parse_setting(name, getattr(options, name), source=_setting_flag(name))
-        for name in SETTINGS
-        if getattr(options, name, None) is not None
+        s.name: parse_setting(s.name, getattr(options, s.name), source=s.flag)
+        for s in SETTINGS.values()
+        if getattr(options, s.name, None) is not None
     }
     config = Config.from_env(**overrides, progress=not options.quiet)
     check_report_path(options.report, options.checkpoint)
