@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from .._version import __version__
 from ..config import GROUPS, SETTINGS, Config, parse_setting
-from ..errors import AppError, ConfigError, NlevelError
+from ..errors import AppError, CheckpointError, ConfigError, NlevelError
 from ..roles.messages import TaskFailure
 from .app import App, load_app
 from . import signals
@@ -136,6 +136,11 @@ def _prepare(argv: Sequence[str] | None) -> tuple[App, argparse.Namespace, int, 
     return app, options, app.total(options), config
 
 
+def _say(exc: NlevelError) -> str:
+    """An error as this command shows it: a checkpoint's remedy names --fresh, not a script's options."""
+    return exc.explain("run") if isinstance(exc, CheckpointError) else str(exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the farm; return the exit status (0 only when every task is committed)."""
     from ..api import Farm
@@ -147,8 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem: str | None = None
     try:
         app, options, total, config = _prepare(argv)
+        fingerprint = {"app": app.name, **app.fingerprint(options)}
     except NlevelError as exc:
-        problem = str(exc)
+        problem = _say(exc)
     # Every rank parsed the same argv; agree before any farm collective so none hangs.
     problems = world.allgather(problem)
     first = next((p for p in problems if p), None)
@@ -157,7 +163,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nlevel: error: {first}", file=sys.stderr, flush=True)
         return 2
 
-    fingerprint = {"app": app.name, **app.fingerprint(options, _app_options(app, options))}
     farm: Any = None
     status = 0
     try:
@@ -185,10 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if farm is None:  # the farm refused its input: the same error on every rank
             status = 2
             if rank == 0:
-                print(f"nlevel: error: {exc}", file=sys.stderr, flush=True)
+                print(f"nlevel: error: {_say(exc)}", file=sys.stderr, flush=True)
         else:  # the run happened but its end failed (e.g. the last checkpoint write)
             status = 1
-            print(f"nlevel: error: {exc}", file=sys.stderr, flush=True)
+            print(f"nlevel: error: {_say(exc)}", file=sys.stderr, flush=True)
     if farm is not None and farm.report is not None:  # the master (rank 0 unless it died)
         report = farm.report
         report["app"] = {"name": app.name, "options": _app_options(app, options), "argv": list(argv or sys.argv[1:])}

@@ -35,7 +35,7 @@ from .rank import MpiPort, Runner, clock
 from .report import build_report, merge_stats, timeline
 from .transport import Transport, world
 
-__all__ = ["FarmRuntime", "default_app"]
+__all__ = ["FarmRuntime", "default_app", "identity"]
 
 _WINDOW, _SELF_TEST = 4, 8
 
@@ -45,6 +45,26 @@ def default_app() -> str:
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     return os.path.basename(path) if path else "<interactive>"
+
+
+def identity(fingerprint: Any) -> tuple[str, dict[str, Any]]:
+    """``(app, params)`` of a run from the ``fingerprint`` a user gave (see :class:`~nlevel.api.Farm`).
+
+    None: the script's file name and no parameters; a string: that app name; a dict: its
+    ``"app"`` (default: the script's file name) and the rest as parameters.
+
+    Raises:
+        ConfigError: for anything else, naming it.
+    """
+    if fingerprint is None:
+        return default_app(), {}
+    if isinstance(fingerprint, str):
+        return fingerprint, {}
+    if isinstance(fingerprint, dict):
+        params = {str(k): v for k, v in fingerprint.items() if k != "app"}
+        return str(fingerprint.get("app", default_app())), params
+    raise ConfigError(f"fingerprint must be None, a name or a dict of the parameters that define the tasks, "
+                      f"got {fingerprint!r} ({type(fingerprint).__name__})")
 
 
 def _check_total(total: Any) -> str | None:
@@ -160,17 +180,16 @@ class FarmRuntime:
         path = os.fspath(checkpoint) if checkpoint is not None else None
         snap = ckpt.Snapshot.empty()
         meta = None
+        app, params = identity(fingerprint)  # (checked with or without a checkpoint)
         if path is not None:
-            if fingerprint is None:
-                fingerprint = {"app": default_app()}
-            if isinstance(fingerprint, str):
-                fingerprint = {"app": fingerprint}
-            params = {k: v for k, v in fingerprint.items() if k != "app"}
             if self.result_fields is not None:
                 params["result_fields"] = list(self.result_fields)  # the results' width is part of the run
-            fp, source = ckpt.fingerprint(str(fingerprint.get("app")), params)
+            fp, source = ckpt.fingerprint(app, params)
             meta = ckpt.RunMeta(total, fp, source, plan.to_json(), __version__)
-            snap = ckpt.load(path, meta, fresh=fresh)
+            meta, snap = ckpt.resume(path, meta, fresh=fresh)
+            if meta.fingerprint != fp:  # the file records more than this run counts: say so, once
+                sys.stderr.write(f"nlevel: resuming {path}: it also records {meta.fingerprint_source}; "
+                                 f"this run counts only {source}, so the rest does not block a resume\n")
             self.writer = ckpt.Writer(path, meta)
             os.makedirs(control.control_dir(path), exist_ok=True)  # operators' requests (python -m nlevel.drain)
         self._ledger = snap.ledger(total, self.width)
