@@ -30,7 +30,7 @@ from ..roles.station import Station
 from ..roles.core import TIMELINE_BIN
 from ..roles.region import Region
 from . import checkpoint as ckpt
-from . import control, signals, window
+from . import control, machine, signals, window
 from .rank import MpiPort, Runner, clock
 from .report import build_report, merge_stats, timeline
 from .transport import Transport, world
@@ -158,12 +158,18 @@ class FarmRuntime:
         self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval)
         self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided")
         self.progress: Any = None
+        self.recorder: Any = None
         if self.rank == 0 and cfg.progress:
             from .progress import Progress
 
             led = self._ledger
             self.progress = Progress(self.total, lambda: led.n_committed, plan.describe(),
-                                     cfg.progress_interval, led.resumed)
+                                     cfg.progress_interval, led.resumed, state=self._model)
+        if self.rank == 0 and path is not None:  # what python -m nlevel.status shows while the job runs
+            from .status import Recorder
+
+            self.recorder = Recorder(path, self.live, interval=max(1.0, cfg.checkpoint_interval))
+            self.recorder.start()
         if self.grants_note and self.rank == 0:
             sys.stderr.write(f"nlevel: {self.grants_note}\n")
         self.runner.start()
@@ -230,6 +236,17 @@ class FarmRuntime:
             f"one-sided operations do not work here ({problem or 'see the message above'}); falling back to " \
             f"two-sided grants (messages to each server)"
 
+    def _model(self) -> dict[str, Any]:
+        from .progress import model_state
+
+        return model_state(self.station, self.size, clock() - self.t0)
+
+    def live(self) -> dict[str, Any]:
+        """Rank 0: the job's state now (for the status record), read without locks from another thread."""
+        led = self._ledger
+        return {"committed": led.n_committed, "total": self.total, "resumed": led.resumed, "size": self.size,
+                **self._model()}
+
     # -- the user's loop --------------------------------------------------------------------
     def next_range(self, ran: Ran | None) -> tuple[int, int] | None:
         """Report what ran; return the next range (None: this rank's loop is over)."""
@@ -292,6 +309,8 @@ class FarmRuntime:
             self.report = self._report(rows, totals, ledger)
             if error is not None:
                 self.report["checkpoint_error"] = str(error)
+        if self.recorder is not None:
+            self.recorder.close(finished=True, complete=bool(self.report and self.report.get("complete")))
         signals.quiet()  # the job is over here: a late SIGUSR1 must not kill the process while it ends
         if self.report is not None and self.exit_code is not None:
             self.exit_code = 0 if self.report["complete"] else 1
@@ -330,6 +349,7 @@ class FarmRuntime:
             "unexpected": d.unexpected if d is not None else 0,
             "failures": [f.to_dict() for f in st.failures],
             "timeline": {self.rank: dict(st.served_bins)} if st.served_bins else {},
+            "hosts": machine.here(),  # ranks and cores per node: the summary explains an oversubscribed run
         }
         return row, merged
 
