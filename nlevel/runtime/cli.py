@@ -37,9 +37,11 @@ def build_parser(app: App | None = None) -> argparse.ArgumentParser:
     p.add_argument("app", nargs="?", metavar="APP", help="module name or .py file (default: built-in micro benchmark)")
     p.add_argument("--version", action="version", version=f"nlevel {__version__}")
     run = p.add_argument_group("run")
-    run.add_argument("--checkpoint", metavar="FILE.h5", help="HDF5 checkpoint: completed tasks are never run again")
+    run.add_argument("--checkpoint", metavar="FILE.h5", help="HDF5 checkpoint: completed tasks are never run again "
+                     "(python -m nlevel.status FILE.h5 shows how the run stands, while it runs or after)")
     run.add_argument(
-        "--fresh", action="store_true", help="ignore the checkpoint's progress and start over (old file kept as .bak)"
+        "--fresh", action="store_true",
+        help="ignore the checkpoint's progress and start over (the old file is renamed FILE.h5.<UTC time>.bak)"
     )
     run.add_argument(
         "--report", metavar="FILE", default="nlevel-report.json", help="JSON report path (default nlevel-report.json; '' for none)"
