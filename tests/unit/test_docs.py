@@ -142,3 +142,15 @@ def test_a_stale_block_is_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(render, "SETTINGS_PAGE", "docs/x.md")  # (the settings page is checked the same way)
     (tmp_path / "docs" / "settings.md").write_text("")
     assert "docs/x.md" in render.stale(root)
+
+
+def test_bench_results_record_their_command_and_commit():
+    spec = importlib.util.spec_from_file_location("bench_provenance", os.path.join(ROOT, "bench", "provenance.py"))
+    assert spec is not None and spec.loader is not None
+    prov = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prov)
+    p = prov.record([os.path.join(ROOT, "bench", "soak.py"), "--trials", "3"])
+    assert p["command"] == "python bench/soak.py --trials 3"
+    assert p["commit"] is None or len(p["commit"]) == 40  # (None outside a git checkout)
+    assert p["cores"] >= 1 and p["when"].endswith("+00:00")
+    assert "commit: `" in render.source_line(["r.json"], [{"provenance": p}]) or p["commit"] is None
