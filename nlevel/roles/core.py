@@ -107,6 +107,7 @@ class StationCore:
         weights = {r: hierarchy[r].weight for r in info.children}
         if info.computes and (info.children or info.role is Role.MASTER):
             weights[self.rank] = 1  # its own loop claims from its own leaf board
+        busy = self.server.busy_below if self.server is not None else 0.0  # (a running total across plans)
         self.server = None
         if info.role is Role.MASTER:
             if self.ledger is None:
@@ -119,6 +120,7 @@ class StationCore:
                                  c.batch, c.batch_age, self.epoch)
         if self.server is not None:
             self.server.quarantine = c.quarantine
+            self.server.busy_below = busy
         if not info.computes:
             return
         parent = self.rank if self.server is not None else info.parent

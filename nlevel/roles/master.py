@@ -92,6 +92,7 @@ class Master(Server):
 
     def take_orphan(self, report: Report, now: float) -> None:
         """Completions, given-back ids and failures that arrived under an older plan."""
+        self.busy_below += report.busy
         if report.done:
             self._accept_done(report.done, report.results, now)
         for f in report.failed:

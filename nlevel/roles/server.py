@@ -123,6 +123,7 @@ class Server:
         self.unexpected = 0  # ids reported done that the child was not holding
         self.task_mean = 0.0  # mean task time reported from below (s): sizes the ranges
         self.task_max = 0.0  # longest task reported from below (s): leases follow it
+        self.busy_below = 0.0  # seconds of tasks reported from below, in all (the progress line's measured overhead)
         self._tasks_seen = 0
         self.rate: dict[int, float] = {LEAF: 0.0, UPPER: 0.0}  # ids taken per second from each board
         self._rate_at = clock()
@@ -356,6 +357,7 @@ class Server:
         child.heard = now
         if report.task_max > self.task_max:
             self.task_max = report.task_max
+        self.busy_below += report.busy
         if report.tasks:
             n = self._tasks_seen + report.tasks
             mean = report.busy / report.tasks

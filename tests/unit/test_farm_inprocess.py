@@ -157,3 +157,22 @@ def test_random_deaths_lose_nothing_and_rerun_only_what_was_at_risk(case, seed, 
     total = 250
     out = Network(size, plan, total, seed).run(kills=kills)
     check(out, total)
+
+
+@pytest.mark.parametrize("size,plan", PLANS)
+def test_the_master_hears_every_second_of_task_time(size, plan):
+    """The progress line's measured overhead rests on it: every report's busy time reaches the master."""
+    total = 5 * size + 11
+    out = Network(size, plan, total, 1).run()
+    master = out.stations[0].server
+    assert master.busy_below == pytest.approx(total * 1e-3)  # (each task reports 1 ms)
+
+
+@pytest.mark.parametrize("size,force", [(8, "0.3@3x2"), (16, "0.5@4x2x2")])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_task_time_heard_survives_a_plan_switch(size, force, seed):
+    """A switch retires the servers: the master's total and the region-masters' unsent busy time carry over."""
+    config = Config(levels=0, force_replan=force, report_every=3)
+    out = Network(size, Plan(2), 300, seed, config=config).run()
+    st = out.stations[0]
+    assert len(st.plans) >= 2 and st.server.busy_below == pytest.approx(300 * 1e-3)
