@@ -23,7 +23,7 @@ from .autoplan import AutoPlanner
 from .board import FINAL
 from .events import Effect, Send, WriteCheckpoint
 from .ledger import Ledger
-from .messages import FailureRecord, Message, Report
+from .messages import FailureRecord, Message, Report, Result
 from .recovery import Reconciliation
 from .master import Master
 from .region import Region
@@ -88,7 +88,11 @@ class StationCore:
         self.master_heard = 0.0
         self.mirror_sent = 0.0
         self.leases_checked = -1e300
+        # After a failure: the completions (and their results) this rank reported upward, per
+        # receiver, until the receiver is known to have passed them on or died. A Holding
+        # includes them; if the receiver dies, they are reported again to the new parent.
         self.sent_done: dict[int, RangeSet] | None = None
+        self.sent_results: dict[int, list[tuple[int, Result]]] = {}
         self.job_over = False
         self.loading = False  # a new master waits for its ledger from the checkpoint file
         self.planner: AutoPlanner | None = None
@@ -169,11 +173,13 @@ class StationCore:
             return self.serve()
         if self.sent_done is not None and report.done:
             self.sent_done.setdefault(dest, RangeSet()).add_ranges(report.done)
+            if report.results:
+                self.sent_results.setdefault(dest, []).extend(report.results)
         return [Send(dest, report)]
 
     def orphan(self, report: Report) -> list[Effect]:
         """Completions and returned ids from an older epoch (or a stray sender): to the master."""
-        if not (report.done or report.returned or report.failed or report.handed_off):
+        if not (report.done or report.returned or report.failed):
             return []
         if isinstance(self.server, Master):
             self.server.take_orphan(report, self.clock())

@@ -51,8 +51,14 @@ class Failures(StationCore):
         nh = build(self.size, old.plan, failed)
         if self.sent_done is None:
             self.sent_done = {}
+        # Completions reported to a rank that died are lost with it: report them again (below),
+        # to the new parent, rather than run them again.
+        again, again_results = RangeSet(), []
         for x in new:
-            self.sent_done.pop(x, None)
+            lost = self.sent_done.pop(x, None)
+            if lost:
+                again.add_ranges(lost.ranges())
+                again_results += self.sent_results.pop(x, [])
         wall = self.wall()
         outs: list[Effect] = []
         for epoch in list(self.draining):  # the dead never acknowledge a regroup
@@ -62,6 +68,8 @@ class Failures(StationCore):
         d = self.server
         ask: set[int] = set()
         if d is not None:
+            for x in sorted(new & set(d.strangers)):
+                d.requeue_lost(d.drop_stranger(x))  # (it took them here before this rank knew it as a child)
             for x in sorted(new & set(d.children)):
                 gone = d.children[x]
                 silent = d.clock() - gone.heard
@@ -84,6 +92,10 @@ class Failures(StationCore):
             ask |= took
             outs += effects
         outs += self._relayout(nh)
+        if again:
+            up = self.rank if self.server is not None else self.info.parent
+            if up is not None:
+                outs += self.report_up(Report(again.ranges(), tuple(again_results), epoch=self.epoch), up)
         parent = old[self.rank].parent
         if parent is not None and parent in new and self.info.parent is not None:
             # Unasked, to the new parent: it records what this rank's subtree holds.
@@ -249,8 +261,7 @@ class Failures(StationCore):
             if own is not None:
                 returned.remove_ranges(own.held.ranges())  # still this rank's own worker's
             outs.append(Send(info.parent, Report(d.up_done.ranges(), tuple(d.up_results), returned.ranges(),
-                                                 tuple(d.up_failed), d.handed_off.ranges(), epoch=self.epoch,
-                                                 task_max=d.task_max)))
+                                                 tuple(d.up_failed), epoch=self.epoch, task_max=d.task_max)))
             self.retire_server()
             d = None
         if d is not None:
@@ -295,7 +306,9 @@ class Failures(StationCore):
         for f in old.up_failed:
             new.task_failed(f)
         new.take_back(old.up_returned.ranges())
-        new.carried.add_ranges(old.handed_off.ranges())
+        for r, taken in old.strangers.items():
+            new.strangers[r] = taken
+            new.held_total += len(taken)
         self.retire_server()
 
     def holding(self) -> RangeSet:
@@ -309,7 +322,8 @@ class Failures(StationCore):
             held.add_ranges(d.published().ranges())
             for ch in d.children.values():
                 held.add_ranges(ch.held.ranges())
-            held.add_ranges(d.handed_off.ranges())
+            for taken in d.strangers.values():
+                held.add_ranges(taken.ranges())
             if isinstance(d, Region):
                 held.add_ranges(d.up_done.ranges())
                 held.add_ranges(d.up_returned.ranges())
@@ -335,12 +349,15 @@ class Failures(StationCore):
             question.remove_ranges(d.carried.ranges())
             for ch in d.children.values():
                 question.remove_ranges(ch.held.ranges())
+            for taken in d.strangers.values():
+                question.remove_ranges(taken.ranges())
             for tid in d.ledger.failed:
                 question.remove(tid, tid + 1)
         else:
             question = recon.held
         lost = recon.lost(question, d.settled)
-        n, quarantined = d.requeue_lost(lost)
+        # A dead master's queue was never in flight: its ids count no death toward quarantine.
+        n, quarantined = d.requeue_lost(lost, count=not recon.everything)
         wall = self.wall()
         for record in recon.records:
             self.failures.append(record.closed(n, tuple(quarantined), wall))

@@ -84,12 +84,6 @@ class Master(Server):
         if self.mirror:
             self.mirror_failed.append(failure)
 
-    def _handed_off_below(self, ranges: Ranges) -> None:
-        self.carried.add_ranges(ranges)
-
-    def _stranger(self, start: int, stop: int) -> None:
-        self.carried.add(start, stop)
-
     def take_orphan(self, report: Report, now: float) -> None:
         """Completions, given-back ids and failures that arrived under an older plan."""
         self.busy_below += report.busy
@@ -100,13 +94,20 @@ class Master(Server):
         if report.returned:
             self.carried.remove_ranges(report.returned)
             self.take_back(report.returned)
-        if report.handed_off:
-            self.carried.add_ranges(report.handed_off)
 
     @property
     def exhausted(self) -> bool:
-        return not (self.queue or self.held_total or self.carried or self.reconciling or self.on_board()
-                    or self._limbo())
+        """Whether the job is over: every id committed or recorded failed (after a stop: nothing out).
+
+        The ledger decides, not the bookkeeping of who holds what: an id run twice after a
+        failure, or reported along an unexpected path, cannot hold the end back.
+        """
+        if self.reconciling:
+            return False
+        if self.stopped:
+            return not (self.queue or self.held_total or self.carried or self.on_board() or self._limbo())
+        led = self.ledger
+        return led.n_committed + len(led.failed) >= led.total
 
     @property
     def abandoned(self) -> bool:

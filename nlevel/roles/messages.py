@@ -7,8 +7,7 @@ way, and the rare control. Task ids travel in payloads as ranges
 its fields (cheap to pickle); the tag says which class it is. Pure Python, no MPI.
 
 * child -> parent :class:`Report`: finished ids (with results), ids given back, tasks
-  that failed, ids its own board gave to a rank that is not its child
-  (``handed_off``), and whether it leaves (it ran its last task early).
+  that failed, and whether it leaves (it ran its last task early).
 * master -> every rank :class:`Regroup` (``--levels auto`` switches the running job to
   another plan, epoch ``epoch``); a rank answers its old parent :class:`Ack` once
   nothing more comes from it under the old plan.
@@ -124,7 +123,6 @@ class Report:
     results: tuple[tuple[int, Result], ...] = ()
     returned: Ranges = ()
     failed: tuple[TaskFailure, ...] = ()
-    handed_off: Ranges = ()
     leaving: bool = False
     epoch: int = 0
     orphan: bool = False  # forwarded straight to the master from an older epoch

@@ -101,9 +101,6 @@ class Region(Server):
         if self.oldest_up == math.inf:
             self.oldest_up = self.clock()
 
-    def _handed_off_below(self, ranges: Ranges) -> None:
-        self.handed_off.add_ranges(ranges)
-
     def _after_report(self, report: Report, now: float) -> None:
         self.up_tasks += report.tasks
         self.up_busy += report.busy
@@ -114,7 +111,7 @@ class Region(Server):
 
     def flush_due(self, now: float) -> bool:
         """Whether buffered completions should go up now."""
-        if not (self.up_done or self.up_failed or self.up_returned or self.handed_off or self.up_tasks):
+        if not (self.up_done or self.up_failed or self.up_returned or self.up_tasks):
             return False
         idle = not self.queue and not self.on_board()
         return (len(self.up_done) >= self.batch or now - self.oldest_up >= self.batch_age or idle
@@ -123,13 +120,12 @@ class Region(Server):
     def flush(self, leaving: bool = False) -> Report:
         """The buffered completions as a report upward (the buffers start anew)."""
         report = Report(self.up_done.ranges(), tuple(self.up_results), self.up_returned.ranges(),
-                        tuple(self.up_failed), self.handed_off.ranges(), leaving, tasks=self.up_tasks,
+                        tuple(self.up_failed), leaving, tasks=self.up_tasks,
                         busy=self.up_busy, task_max=self.task_max)
         self.up_done = RangeSet()
         self.up_results = []
         self.up_failed = []
         self.up_returned = RangeSet()
-        self.handed_off = RangeSet()
         self.up_tasks = 0
         self.up_busy = 0.0
         self.oldest_up = math.inf
@@ -145,13 +141,13 @@ class Region(Server):
 
     @property
     def exhausted(self) -> bool:
-        return (self.parent_final and not self.queue and not self.on_board() and not self._limbo()
-                and not self.reconciling)
+        """The parent's board is final: the job is over (the master ends it only when every id is
+        committed, so what is still here is a duplicate)."""
+        return self.parent_final and not self.reconciling
 
     @property
     def finished(self) -> bool:
-        """Parent final (or left), nothing held below, nothing left to send up."""
+        """Parent final (or every child left), and nothing left to send up."""
         if not (self.parent_final or self.gone):
             return False
-        return not self.held_total and not self.reconciling and not (
-            self.up_done or self.up_failed or self.up_returned or self.handed_off)
+        return not self.reconciling and not (self.up_done or self.up_failed or self.up_returned)

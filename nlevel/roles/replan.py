@@ -70,9 +70,9 @@ class Replanning(Failures):
             d.close_boards(CLOSED, self.clock())
             returned = d.queue.copy()
             returned.add_ranges(d.up_returned.ranges())
-            if d.up_done or returned or d.up_failed or d.handed_off or d.up_tasks:
+            if d.up_done or returned or d.up_failed or d.up_tasks:
                 outs.append(Send(master, Report(d.up_done.ranges(), tuple(d.up_results), returned.ranges(),
-                                                tuple(d.up_failed), d.handed_off.ranges(), epoch=msg.epoch,
+                                                tuple(d.up_failed), epoch=msg.epoch,
                                                 orphan=True, tasks=d.up_tasks, busy=d.up_busy,
                                                 task_max=d.task_max)))
             waiting = {r for r, c in d.children.items() if r != self.rank and not (c.left and not c.held)}

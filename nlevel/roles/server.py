@@ -137,7 +137,10 @@ class Server:
         self.deaths: dict[int, int] = {}  # id -> processes that died holding it
         self.quarantine = 3
         self.reconciling = False
-        self.handed_off = RangeSet()  # ids taken from these boards by ranks that are not children
+        # Ids taken from these boards by ranks that are not children (yet): a rank that learnt of
+        # a failure before this one did and claims from its new parent. Adopted with the child;
+        # requeued if it dies first.
+        self.strangers: dict[int, RangeSet] = {}
 
     # -- children -------------------------------------------------------------------------
     def _add_child(self, rank: int, weight: int, kind: int) -> Child:
@@ -171,9 +174,18 @@ class Server:
         child = self.children.get(rank)
         if child is None:
             child = self._add_child(rank, weight, kind)
+        taken = self.strangers.pop(rank, None)
+        if taken:
+            self.held_total += child.held.add_ranges(taken.ranges()) - len(taken)
         if held:
             self.attach(child, held)
         return child
+
+    def drop_stranger(self, rank: int) -> RangeSet:
+        """Forget what a rank that is not a child took here (it died); return those ids."""
+        taken = self.strangers.pop(rank, None) or RangeSet()
+        self.held_total -= len(taken)
+        return taken
 
     def attach(self, child: Child, held: RangeSet) -> None:
         """Record that ``child`` holds ``held`` (from a Holding), minus ids already settled."""
@@ -192,14 +204,15 @@ class Server:
             self.live_weight[child.kind] += weight - child.weight
         child.weight = weight
 
-    def requeue_lost(self, ids: RangeSet) -> tuple[int, list[int]]:
+    def requeue_lost(self, ids: RangeSet, count: bool = True) -> tuple[int, list[int]]:
         """Ids held by a process that died: queue them again; return (requeued, quarantined ids).
 
         An id held by ``quarantine`` processes that died is not run again: it is recorded
         failed (a task that kills its process would otherwise kill every rank in turn).
+        ``count=False``: the ids were not in flight (a dead master's queue): no death counts.
         """
         quarantined: list[int] = []
-        if len(ids) <= 100_000:  # (a dead region-master's stock is not counted one by one)
+        if count and len(ids) <= 100_000:  # (a dead region-master's stock is not counted one by one)
             for tid in ids:
                 n = self.deaths[tid] = self.deaths.get(tid, 0) + 1
                 if n >= self.quarantine:
@@ -246,7 +259,7 @@ class Server:
                 child = children.get(rank)
                 n += 1
                 if child is None:
-                    self._stranger(a, b)  # an old child of an earlier plan, or a stale claimer
+                    self.held_total += self.strangers.setdefault(rank, RangeSet()).add(a, b)
                     continue
                 self.held_total += child.held.add(a, b)  # (a Holding may have named them already)
                 child.heard = now
@@ -350,8 +363,10 @@ class Server:
         self.scan(now)  # what the child took before reporting is attributed first
         child = self.children.get(src)
         if child is None:
-            # Not a child (anymore): its completions still count, its ids are nobody's here.
+            # Not a child (yet, or any more): its completions still count; what it took here is
+            # tracked among the strangers.
             child = Child(src, 0, LEAF)
+            child.held = self.strangers.get(src) or RangeSet()
         elif report.done and not all(child.held.overlap(a, b) == b - a for a, b in report.done):
             self.scan(now, full=True)  # a claim the quick look missed (a ticket the ring lapped)
         child.heard = now
@@ -384,10 +399,6 @@ class Server:
             if self.track_settled:
                 self.settled.add(f.id, f.id + 1)
             self.task_failed(f)
-        for a, b in report.handed_off:
-            self.held_total -= child.held.remove(a, b)
-        if report.handed_off:
-            self._handed_off_below(report.handed_off)
         if report.leaving and src in self.children and not child.left:
             child.left = True
             self._gone(child)
@@ -403,13 +414,6 @@ class Server:
 
     def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
         raise NotImplementedError
-
-    def _handed_off_below(self, ranges: Ranges) -> None:
-        raise NotImplementedError
-
-    def _stranger(self, start: int, stop: int) -> None:
-        """Ids taken from a board here by a rank that is not a child: they are tracked above."""
-        self.handed_off.add(start, stop)
 
     def published(self) -> RangeSet:
         """Ids on the boards, published and not yet attributed to a claimer."""

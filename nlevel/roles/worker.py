@@ -5,7 +5,7 @@ hands them out one per call without entering this module, and reports what ran w
 :meth:`Worker.ran`. When the hand is empty, :meth:`Worker.refill` moves the next range
 from the queue, or claims one from the parent's board (:class:`~nlevel.roles.board.Claimer`).
 Finished ids wait in a batch until it is worth a report (``report_every`` ids, or
-``report_age`` seconds, or at once when this rank has nothing to run: the parent may be
+``report_age`` seconds, or at once when this rank finds nothing to run: the parent may be
 waiting for exactly these to finish the job).
 """
 
@@ -146,14 +146,16 @@ class Worker:
         """Whether the batch of finished ids should go to the parent now."""
         if not (self.done or self.failed or self.tasks):
             return False
-        if self.state is not State.RUN or (self.hand is None and not self.queue):
+        if self.state is not State.RUN:
             return True  # nothing to run here: the parent may wait for these to end the job
+        # While ids keep coming, completions wait for a batch (they are not on the grant path):
+        # a parent's load is its children's reports, not their claims.
         return len(self.done) >= self.report_every or now - self.oldest >= self.report_age
 
     def report(self, now: float, returned: Ranges = (), leaving: bool = False) -> Report:
         """The batch as a report (and the batch starts anew)."""
         times = self.task_times
-        report = Report(self.done.ranges(), tuple(self.results), returned, tuple(self.failed), (), leaving,
+        report = Report(self.done.ranges(), tuple(self.results), returned, tuple(self.failed), leaving,
                         tasks=self.tasks, busy=self.busy, task_max=times.hi if times.n else 0.0)
         self.done = RangeSet()
         self.results = []
