@@ -206,7 +206,8 @@ def _with_rank(record: str, rank: int) -> str:
     body = record.rstrip()
     if body.endswith("$$$$"):
         body = body[:-4].rstrip("\n")
-    return f"{body}\n>  <dock_like_rank>\n{rank}\n\n$$$$\n"
+    sep = "\n" if body.endswith("M  END") else "\n\n"  # a property value ends with a blank line
+    return f"{body}{sep}>  <dock_like_rank>\n{rank}\n\n$$$$\n"
 
 
 def export_sdf(path: str, hits: dict[str, Any], k: int) -> int:
