@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,13 +81,24 @@ def _prepare_pdbqt(parsed: Any, seed: int) -> tuple[str, Any, int]:
                 rdForceFieldHelpers.UFFOptimizeMolecule(molh, maxIters=500)
     try:
         setups = MoleculePreparation().prepare(molh)
-    except Exception as exc:  # meeko raises plain Exceptions and RuntimeErrors for what it cannot type
-        raise ValueError(f"meeko could not prepare it: {exc}") from exc
+    except Exception as exc:  # meeko raises plain Exceptions, RuntimeErrors, KeyErrors for what it cannot type
+        raise ValueError(f"meeko could not prepare it: {_one_line(exc)}") from exc
     pdbqt, ok, error = PDBQTWriterLegacy.write_string(setups[0])
-    if not ok:
-        raise ValueError(f"meeko could not write its PDBQT: {error.strip()}")
+    if not ok:  # e.g. an element with no AutoDock type (Se, As, Hg): one message per atom, first one kept
+        first = error.strip().splitlines()[0] if error.strip() else "no reason given"
+        untyped = re.match(r"atom number (\d+) has None type", first)
+        if untyped and int(untyped.group(1)) < molh.GetNumAtoms():
+            element = molh.GetAtomWithIdx(int(untyped.group(1))).GetSymbol()
+            raise ValueError(f"meeko has no AutoDock atom type for {element} (atom {untyped.group(1)}): {first}")
+        raise ValueError(f"meeko could not write its PDBQT: {first}")
     rotatable = sum(1 for line in pdbqt.splitlines() if line.startswith("BRANCH"))
     return pdbqt, molh, rotatable
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line; its type too when the message alone says nothing (a KeyError's ``92``)."""
+    text = " ".join(str(exc).split())
+    return text if any(c.isalpha() for c in text) else f"{type(exc).__name__}: {text}".rstrip(": ")
 
 
 def dock_entry(vina: Any, settings: VinaSettings, entry: Entry) -> tuple[dict[str, Any], bytes]:
@@ -118,8 +130,7 @@ def dock_entry(vina: Any, settings: VinaSettings, entry: Entry) -> tuple[dict[st
         energies = np.asarray(vina.energies(n_poses=settings.n_poses, energy_range=1e9))
         pose = RDKitMolCreate.from_pdbqt_mol(PDBQTMolecule(vina.poses(n_poses=1), skip_typing=True))[0]
     except Exception as exc:  # Vina raises TypeError/RuntimeError with its own message, e.g. for boron
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        props.update(dock_like_status="failed", dock_like_reason=f"could not dock: {reason}"[:500])
+        props.update(dock_like_status="failed", dock_like_reason=f"could not dock: {_one_line(exc)}"[:500])
         return ({"status": 1, "cpu_seconds": time.process_time() - t0, "n_heavy": n_heavy},
                 record_block(None, props))
     cpu = time.process_time() - t0
