@@ -29,11 +29,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import hitlist
-from .hitlist import FIELDS, STORE_FIELDS
-from .library import Library, open_index, sha256
-from .receptor import Receptor, check_pdbqt, load_target, parse_triple, require
-from .store import Address, PoseStore, read_record
+from .receptor import require
+
+try:  # both engines read molecules with RDKit: say which extra brings it, in one line
+    require("rdkit", why="apps.dock_like")
+except ValueError as _missing:
+    raise ImportError(str(_missing)) from None
+
+from . import hitlist  # noqa: E402
+from .hitlist import FIELDS, STORE_FIELDS  # noqa: E402
+from .library import Library, open_index, sha256  # noqa: E402
+from .receptor import Receptor, check_pdbqt, load_target, parse_triple  # noqa: E402
+from .store import Address, PoseStore, read_record  # noqa: E402
 
 __all__ = ["add_arguments", "setup", "total", "do_job", "finish", "fingerprint", "result_fields", "DATA",
            "work_dir", "ENGINES"]
