@@ -1,7 +1,7 @@
 """Measure per-ligand AutoDock Vina times on real drug-like ligands: the input of bench/dock_sim.py.
 
 ``python bench/dock_times.py [--target ABL1] [--exhaustiveness 8] [--procs 2] [--lease-min 3600]
-[--out bench/results/dock_times_abl1]``
+[--out bench/results/dock_times_abl1] [--work DIR]``
 
 Docks the app's drug list (:data:`apps.dock_like.builddata.DRUGS`: 56 approved drugs and
 fragments) plus the ABL1 inhibitors of ``apps/dock_like/data/abl1_actives_decoys.smi``
@@ -61,12 +61,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--lease-min", type=float, default=3600.0, help="nlevel's --lease-min for the screen (s)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "dock_times_abl1"))
+    p.add_argument("--work", help="directory of the screen (checkpoint, library); the same --work resumes a "
+                                  "stopped measurement without docking its finished ligands again (default: a new "
+                                  "temporary directory)")
     a = p.parse_args(argv)
-    work = tempfile.mkdtemp(prefix="dock_times.")
+    work = os.path.abspath(a.work) if a.work else tempfile.mkdtemp(prefix="dock_times.")
+    os.makedirs(work, exist_ok=True)
     lib = os.path.join(work, "timing.smi")
-    with open(lib, "w") as f:
-        f.write("\n".join(library_lines()) + "\n")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "nlevel-mpiexec"), "-n", str(a.procs), sys.executable, "-m",
+    text = "\n".join(library_lines()) + "\n"
+    if not os.path.exists(lib):
+        with open(lib, "w") as f:
+            f.write(text)
+    elif open(lib).read() != text:
+        print(f"dock_times: error: --work {work!r} holds another ligand list ({lib}); choose a new --work",
+              file=sys.stderr)
+        return 2
+    # --bind-to none: on this shared 2-core machine a rank pinned to a core (and its Vina helper
+    # with it) left other sessions' new processes on that core unscheduled for minutes.
+    cmd = [os.path.join(os.path.dirname(sys.executable), "nlevel-mpiexec"), "-n", str(a.procs), "--bind-to", "none",
+           sys.executable, "-m",
            "nlevel.run", "apps.dock_like", "--engine", "vina", "--target", a.target, "--library", lib,
            "--exhaustiveness", str(a.exhaustiveness), "--out", os.path.join(work, "hits.h5"),
            "--checkpoint", os.path.join(work, "run.h5"), "--report", os.path.join(work, "report.json"), "--quiet",
