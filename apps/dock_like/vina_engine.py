@@ -125,6 +125,11 @@ def dock_entry(vina: Any, settings: VinaSettings, entry: Entry) -> tuple[dict[st
     n_heavy = parsed.mol.GetNumHeavyAtoms()
     try:
         pdbqt, _, rotatable = _prepare_pdbqt(parsed, ligand_seed(parsed.name, entry.index + 1, settings.seed))
+    except ValueError as exc:  # no 3D coordinates, or meeko cannot type or write it: the reason says which
+        props.update(dock_like_status="failed", dock_like_reason=f"could not prepare: {exc}"[:500])
+        return ({"status": 1, "cpu_seconds": time.process_time() - t0, "n_heavy": n_heavy},
+                record_block(None, props))
+    try:
         vina.set_ligand_from_string(pdbqt)
         vina.dock(exhaustiveness=settings.exhaustiveness, n_poses=max(settings.n_poses, 1))
         energies = np.asarray(vina.energies(n_poses=settings.n_poses, energy_range=1e9))
