@@ -207,7 +207,7 @@ def _builtin_engine(o: argparse.Namespace) -> tuple[Any, str, dict[str, Any]]:
 def _index(o: argparse.Namespace, work: str) -> Any:
     os.makedirs(work, exist_ok=True)
     checkpoint = getattr(o, "checkpoint", None)
-    resuming = bool(checkpoint) and os.path.exists(checkpoint) and not getattr(o, "fresh", False)
+    resuming = checkpoint is not None and os.path.exists(checkpoint) and not getattr(o, "fresh", False)
     try:
         info, note = open_index(o.library, os.path.join(work, "library-index.h5"), rebuild=not resuming)
     except ValueError as exc:

@@ -22,7 +22,7 @@ import re
 import sys
 import tempfile
 from datetime import datetime, timezone
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import h5py
 import numpy as np
@@ -108,7 +108,7 @@ def _atomic_write(path: str, suffix: str, write: Any) -> None:
             os.unlink(tmp)
 
 
-def write_hits(path: str, ids: np.ndarray, values: np.ndarray, texts: dict[str, Sequence[str]],
+def write_hits(path: str, ids: np.ndarray, values: np.ndarray, texts: Mapping[str, Sequence[str]],
                attrs: dict[str, Any]) -> np.ndarray:
     """Write the hit list atomically; return the row order used (best score first, failed last).
 
