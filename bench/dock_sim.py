@@ -15,6 +15,8 @@
    queueing model's plan) at each process count, with the machine's calibrated service
    and message times; then again with the master's service time forced to each value of
    ``--service-sweep``, to find how slow a master must be before the classic plan loses.
+   At the largest count the paper's own plan (``--paper-plan``, 3 levels with 128
+   region-masters) runs too.
 4. Writes every run (its command, makespan, overhead, plan), the scaling constants, the
    comparison with the paper and this script's command and commit to ``--out``, and
    prints the comparison as a Markdown table.
@@ -126,7 +128,10 @@ def compare(runs: list[dict[str, Any]], small: int, large: int) -> list[dict[str
     for service in dict.fromkeys(r["service_forced"] for r in runs):
         m = {(r["procs"], r["plan_asked"]): r for r in runs if r["service_forced"] == service}
         auto = m[(large, "auto")]
+        paper = next((r for (n, plan), r in m.items() if n == large and plan not in ("classic", "auto")), None)
         out.append({"service_forced": service, "service_time": auto["service_time"],
+                    "gain_large_paper_plan": (m[(large, "classic")]["makespan"] / paper["makespan"] - 1
+                                              if paper else None),
                     "gain_small": m[(small, "classic")]["makespan"] / m[(small, "auto")]["makespan"] - 1,
                     "gain_large": m[(large, "classic")]["makespan"] / auto["makespan"] - 1,
                     "speedup_classic": m[(small, "classic")]["makespan"] / m[(large, "classic")]["makespan"],
@@ -146,17 +151,20 @@ def table(result: dict[str, Any]) -> str:
                      f"{100 * r['overhead']:.1f} % |")
     small, large = result["procs"][0], result["procs"][-1]
     lines += ["", f"| master service | auto faster than classic at {small:,} | at {large:,} | speed-up {small:,} → "
-                  f"{large:,}, classic | auto | auto's plan at {large:,} |", "|---|---|---|---|---|---|"]
+                  f"{large:,}, classic | auto | auto's plan at {large:,} | the paper's plan faster than classic at "
+                  f"{large:,} |", "|---|---|---|---|---|---|---|"]
     p = PAPER
     lines.append(f"| paper (DOCK, measured) | {100 * p['gain_1024']:+.1f} % | {100 * p['gain_16384']:+.1f} % | "
                  f"{p['speedup_dock']} (DOCK's own) | {p['speedup_nlevel']} (N-level) | "
-                 f"{p['levels_16384']} levels, {p['regions_16384']} region-masters |")
+                 f"{p['levels_16384']} levels, {p['regions_16384']} region-masters | {100 * p['gain_16384']:+.1f} % |")
     for c in result["comparison"]:
         plan = c["auto_plan_large"]
         regions = f", {'x'.join(map(str, plan['regions']))} region-masters" if plan["regions"] else ""
         lines.append(f"| {1e3 * c['service_time']:.3g} ms{'' if c['service_forced'] else ' (calibrated)'} | "
                      f"{100 * c['gain_small']:+.1f} % | {100 * c['gain_large']:+.1f} % | {c['speedup_classic']:.2f} | "
-                     f"{c['speedup_auto']:.2f} | {plan['levels']} levels{regions} |")
+                     f"{c['speedup_auto']:.2f} | {plan['levels']} levels{regions} | "
+                     + (f"{100 * c['gain_large_paper_plan']:+.1f} % |" if c["gain_large_paper_plan"] is not None
+                        else "— |"))
     return "\n".join(lines)
 
 
@@ -170,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the draw of task times (default 0)")
     p.add_argument("--service-sweep", default="1e-3,5e-3,1e-2,2e-2,5e-2",
                    help="master service times (s) to force, at every process count ('' for none)")
+    p.add_argument("--paper-plan", default="levels=3,regions=128",
+                   help="the paper's plan at 16,384 processes, also run at the largest count ('' for none)")
     p.add_argument("--engine", default="auto", choices=("auto", "compiled", "python"), help="nlevel.sim's --engine")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "dock_sim.json"))
     a = p.parse_args(argv)
@@ -190,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for service in [None, *sweep]:
         for n in procs:
-            for plan in ("classic", "auto"):
+            for plan in ("classic", "auto", a.paper_plan) if n == procs[-1] and a.paper_plan else ("classic", "auto"):
                 r = simulate(n, plan, scaled_path, a.tasks, a.seed, a.engine, service)
                 runs.append(r)
                 print(f"{r['command']}: makespan {r['makespan']:,.0f} s, {r['levels']} levels, "
