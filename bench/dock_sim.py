@@ -12,9 +12,10 @@
 3. Runs ``python -m nlevel.sim --task-times-file SCALED --tasks 240000 --plan P --json``
    (the simulator of this checkout, which drives nlevel's own role state machines) for
    ``P`` = ``classic`` (2 levels: one master, as DOCK's own scheduler) and ``auto`` (the
-   queueing model's plan) at each process count, with the machine's calibrated service
-   and message times; then again with the master's service time forced to each value of
-   ``--service-sweep``, to find how slow a master must be before the classic plan loses.
+   queueing model's plan) at each process count, with nlevel.sim's default service and
+   message times (the machine's calibration if one exists, else its built-in ones); then
+   again with the master's service time forced to each value of ``--service-sweep``, to
+   find how slow a master must be before the classic plan loses.
    At the largest count the paper's own plan (``--paper-plan``, 3 levels with 128
    region-masters) runs too.
 4. Writes every run (its command, makespan, overhead, plan), the scaling constants, the
@@ -160,7 +161,7 @@ def table(result: dict[str, Any]) -> str:
     for c in result["comparison"]:
         plan = c["auto_plan_large"]
         regions = f", {'x'.join(map(str, plan['regions']))} region-masters" if plan["regions"] else ""
-        lines.append(f"| {1e3 * c['service_time']:.3g} ms{'' if c['service_forced'] else ' (calibrated)'} | "
+        lines.append(f"| {1e3 * c['service_time']:.3g} ms{'' if c['service_forced'] else ' (nlevel.sim default)'} | "
                      f"{100 * c['gain_small']:+.1f} % | {100 * c['gain_large']:+.1f} % | {c['speedup_classic']:.2f} | "
                      f"{c['speedup_auto']:.2f} | {plan['levels']} levels{regions} | "
                      + (f"{100 * c['gain_large_paper_plan']:+.1f} % |" if c["gain_large_paper_plan"] is not None
