@@ -14,8 +14,9 @@
    ``P`` = ``classic`` (2 levels: one master, as DOCK's own scheduler) and ``auto`` (the
    queueing model's plan) at each process count, with nlevel.sim's default service and
    message times (the machine's calibration if one exists, else its built-in ones); then
-   again with the master's service time forced to each value of ``--service-sweep``, to
-   find how slow a master must be before the classic plan loses.
+   again with every server's service time (the master's and the region-masters') forced
+   to each value of ``--service-sweep``, to find how slow a server must be before the
+   classic plan loses.
    At the largest count the paper's own plan (``--paper-plan``, 3 levels with 128
    region-masters) runs too.
 4. Writes every run (its command, makespan, overhead, plan), the scaling constants, the
@@ -120,7 +121,7 @@ def _commit() -> str:
 
 
 def compare(runs: list[dict[str, Any]], small: int, large: int) -> list[dict[str, Any]]:
-    """The paper's Table 2 quantities at ``small`` and ``large`` processes, one entry per master service time.
+    """The paper's Table 2 quantities at ``small`` and ``large`` processes, one entry per service time.
 
     ``gain_N`` is ``makespan(classic) / makespan(auto) - 1`` at N processes (the paper's
     "faster than DOCK's own scheduler"); ``speedup_P`` is ``makespan(small) / makespan(large)``.
@@ -143,7 +144,7 @@ def compare(runs: list[dict[str, Any]], small: int, large: int) -> list[dict[str
 
 def table(result: dict[str, Any]) -> str:
     """The runs, then the comparison with the paper, as Markdown."""
-    lines = ["| processes | plan | levels (regions) | master service | makespan s | over ideal | overhead |",
+    lines = ["| processes | plan | levels (regions) | service per message | makespan s | over ideal | overhead |",
              "|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         regions = f" ({'x'.join(map(str, r['regions']))})" if r["regions"] else ""
@@ -151,7 +152,7 @@ def table(result: dict[str, Any]) -> str:
                      f"{1e3 * r['service_time']:.3g} ms | {r['makespan']:,.0f} | {100 * r['over_ideal']:+.1f} % | "
                      f"{100 * r['overhead']:.1f} % |")
     small, large = result["procs"][0], result["procs"][-1]
-    lines += ["", f"| master service | auto faster than classic at {small:,} | at {large:,} | speed-up {small:,} → "
+    lines += ["", f"| service per message | auto faster than classic at {small:,} | at {large:,} | speed-up {small:,} → "
                   f"{large:,}, classic | auto | auto's plan at {large:,} | the paper's plan faster than classic at "
                   f"{large:,} |", "|---|---|---|---|---|---|---|"]
     p = PAPER
@@ -178,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", default="1024,16384", help="process counts, smallest first (default 1024,16384)")
     p.add_argument("--seed", type=int, default=0, help="seed of the draw of task times (default 0)")
     p.add_argument("--service-sweep", default="1e-3,5e-3,1e-2,2e-2,5e-2",
-                   help="master service times (s) to force, at every process count ('' for none)")
+                   help="service times per message (s) to force on every server, at every process count "
+                        "('' for none)")
     p.add_argument("--paper-plan", default="levels=3,regions=128",
                    help="the paper's plan at 16,384 processes, also run at the largest count ('' for none)")
     p.add_argument("--engine", default="auto", choices=("auto", "compiled", "python"), help="nlevel.sim's --engine")
