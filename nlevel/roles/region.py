@@ -56,11 +56,18 @@ class Region(Server):
         return len(self.queue) + self.on_board()
 
     def target(self) -> int:
-        """Ids to keep in stock: ``prefetch`` ranges per worker, or a few ticks of the region's consumption."""
+        """Ids to keep in stock: a range for every claimer waiting now, and ``prefetch`` times what the
+        region takes over the horizon (a few of its ticks), so that a claim never waits for a refill.
+
+        Not more: stock held here is stock other regions cannot have, and at the end of a job it
+        is what keeps some ranks busy while others idle (the paper's prefetch is one request).
+        """
         s = self.sizing
+        leaf = self.owners.get(LEAF)
+        waiting = leaf.waiting if leaf is not None else 0
         chunk = self.leaf_chunk(max(1, self.stock()))
-        by_rate = math.ceil(self.rate[LEAF] * s.horizon * 2 * s.prefetch)
-        return max(math.ceil(s.prefetch * chunk * max(1, self.total_weight)), by_rate)
+        by_rate = math.ceil(self.rate[LEAF] * s.horizon * s.prefetch)
+        return max(1, chunk * waiting + by_rate)
 
     def refill(self, now: float) -> None:
         """Claim from the parent's upper board while the stock is under target (a few tickets at most)."""

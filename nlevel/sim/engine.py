@@ -241,8 +241,10 @@ class Engine:
         inbox: list[list[tuple[int, Message]]] = [[] for _ in range(n)]
         hand: list[tuple[int, int] | None] = [None] * n
         started = [0.0] * n
-        waiting: dict[int, set[int]] = {}  # board owner -> ranks waiting on its boards (workers, or regions: -1-rank)
-        watched = [(-1, -1)] * n  # per owner: (published ticket count, flags) at its last look
+        # (owner, board kind) -> {waiter: ticket it waits for (-1: none, it waits for a change)};
+        # a waiter is a worker's rank, or -1-rank for a region-master waiting to refill.
+        waiting: dict[tuple[int, int], dict[int, int]] = {}
+        watched: dict[tuple[int, int], tuple[int, int]] = {}  # (owner, kind) -> (flags, epoch) at the last look
         ended = [False] * n
         events = 0
         busy = 0.0
@@ -278,27 +280,39 @@ class Engine:
                     push(arrive, _ARRIVE, dest, (src, msg))
             outbox.clear()
 
-        def board_state(r: int) -> tuple[int, int]:
+        def wake(w: int, t: float) -> None:
+            if w >= 0:
+                push(t + c.poll, _ENTRY, w)
+            else:
+                schedule_tick(-1 - w, t + c.poll)
+
+        def wake_waiters(r: int, t: float) -> None:
+            """Wake the claimers waiting on ``r``'s boards for whom something changed: their ticket
+            was published, or a flag or the epoch changed (a claimer without a ticket waits for that)."""
             d = stations[r].server
-            if d is None:
-                return (-1, -1)
-            tail = flags = 0
-            for o in d.owners.values():
-                tail += o.tail
-                flags |= o.flags | (o.epoch << 8)
-            return (tail, flags)
+            for kind in (0, 1):
+                ws = waiting.get((r, kind))
+                if not ws:
+                    continue
+                o = d.owners.get(kind) if d is not None else None
+                if o is None:  # (no board of that kind any more: everyone looks again)
+                    for w in ws:
+                        wake(w, t)
+                    ws.clear()
+                    continue
+                state = (o.flags, o.epoch)
+                changed = watched.get((r, kind)) != state
+                watched[(r, kind)] = state
+                tail = o.tail
+                go = [w for w, tk in ws.items() if changed or 0 <= tk < tail or (tk < 0 and o.unclaimed_slots)]
+                for w in go:
+                    del ws[w]
+                    wake(w, t)
 
         def after_server(r: int, t: float) -> None:
-            """A server handled something at ``t``: wake whoever waits on a changed board; plan its next tick."""
+            """A server handled something at ``t``: wake who waits on its boards; plan its next tick."""
             st = stations[r]
-            now_state = board_state(r)
-            if now_state != watched[r]:
-                watched[r] = now_state
-                for w in waiting.pop(r, ()):
-                    if w >= 0:
-                        push(t + c.poll, _ENTRY, w)
-                    else:
-                        schedule_tick(-1 - w, t + c.poll)
+            wake_waiters(r, t)
             d = st.server
             if d is None:
                 return
@@ -306,13 +320,21 @@ class Engine:
             if isinstance(d, Region):
                 if d.oldest_up < math.inf:
                     need = d.oldest_up + d.batch_age
-                if d.claimer.ticket >= 0 or (d.stock() < d.target() and not d.parent_final):
-                    waiting.setdefault(d.parent, set()).add(-1 - r)
+                if not d.parent_final:
+                    tk = d.claimer.ticket
+                    if tk >= 0:  # waiting for its parent to publish that ticket
+                        waiting.setdefault((d.parent, 1), {})[-1 - r] = tk
+                        p = stations[d.parent].server
+                        upper = p.owners.get(1) if p is not None else None
+                        if upper is not None and upper.tail <= tk:
+                            schedule_tick(d.parent, t + c.detect)  # (the parent notices a waiter)
+                    elif d.stock() < d.target():
+                        need = min(need, t + c.detect)  # (its own next tick refills)
             planner = st.planner
             if planner is not None:
                 need = min(need, planner.next_check(t))
-            if any(o.waiting for o in d.owners.values()):
-                need = min(need, t + c.detect)
+            if d.queue and any(o.waiting for o in d.owners.values()):
+                need = min(need, t + c.detect)  # claimers wait and there is something to publish
             if need < math.inf and not st.done_serving:
                 schedule_tick(r, max(need, t))
 
@@ -382,13 +404,10 @@ class Engine:
                     ended[r] = True
                     makespan = max(makespan, t + cost)
                 else:
-                    waiting.setdefault(w.parent, set()).add(r)
-                    if w.parent != r and stations[w.parent].server is not None:
-                        after_server(w.parent, t + cost)  # (the owner notices a waiter within `detect`)
                     owner = w.parent
-                    d = stations[owner].server
-                    if d is not None and not stations[owner].done_serving:
-                        schedule_tick(owner, t + cost + c.detect)
+                    waiting.setdefault((owner, 0), {})[r] = w.claimer.ticket
+                    if stations[owner].server is not None and not stations[owner].done_serving:
+                        schedule_tick(owner, t + cost + c.detect)  # (the owner notices a waiter)
             elif kind == _ARRIVE:  # at a rank that serves nobody: heard when its loop next runs
                 inbox[r].append(payload)
                 if hand[r] is None and not ended[r]:
@@ -400,6 +419,8 @@ class Engine:
                 send_all(r, t)
                 last_served[r] = t
                 after_server(r, t)
+                if st.worker is not None and hand[r] is None and not ended[r]:
+                    push(t + c.poll, _ENTRY, r)  # (its own loop, if waiting, hears what changed too)
                 level = st.info.level
                 handled.setdefault(level, [0, 0, 0])[1] += 1
             else:  # _TICK
