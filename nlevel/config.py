@@ -17,7 +17,9 @@ from dataclasses import Field, asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
+from .model.cost import Costs
 from .model.plan import SERVE_ONLY_CHOICES, Plan, default_regions, parse_force
+from .model.planner import first_plan
 
 __all__ = ["Config", "GROUPS", "SETTINGS", "Setting", "parse_setting"]
 
@@ -57,6 +59,11 @@ def _regions(name: str, v: Any) -> None:
 def _fraction(name: str, v: Any) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
         raise ConfigError(f"{name} must be a number in (0, 1) (e.g. 0.1 for 10%), got {v!r}")
+
+
+def _fraction_or_one(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise ConfigError(f"{name} must be a number in (0, 1], got {v!r}")
 
 
 def _force(name: str, v: Any) -> None:
@@ -202,6 +209,24 @@ class Config:
     board_slots: int = _setting(
         4096, "size of each rank's board of published ranges (the upper board has 1/8 of it)",
         group="runtime", check=_int_at_least(16), unit="ranges")
+    task_time: float = _setting(
+        0.0, "a hint of the mean task time: the job starts on the plan the model chooses for it "
+        "(none: classic up to 128 processes, else a tree sized from the process count)",
+        group="auto", check=_non_negative_float, unit="s", words={"none": 0.0})
+    headroom: float = _setting(
+        0.7, "no server is planned above this load (rho, on its CPU or its board's memory)",
+        group="auto", check=_fraction_or_one)
+    service_time: float = _setting(
+        3e-5, "the model's service time per message at a server until the job measures its own",
+        group="auto", check=_positive_float, unit="s")
+    msg_time: float = _setting(
+        5e-6, "the model's one-way message time", group="auto", check=_non_negative_float, unit="s")
+    atomic_time: float = _setting(
+        1e-6, "the model's time of one one-sided operation, as its origin sees it",
+        group="auto", check=_non_negative_float, unit="s")
+    atomic_service: float = _setting(
+        2e-7, "the model's time one one-sided operation occupies the board owner's memory",
+        group="auto", check=_non_negative_float, unit="s")
 
     @property
     def ft(self) -> bool:
@@ -254,10 +279,10 @@ class Config:
             PlanError: when the plan does not fit ``size``.
         """
         if self.auto:
-            return Plan(
-                2, (), self.prefetch, self.chunk, self.serve_only,
-                "auto: classic 2-level until the first measurements decide",
-            )
+            costs = Costs(self.service_time, self.msg_time, self.atomic_time, self.atomic_service, self.report_age,
+                          self.batch_age, self.batch, self.chunk_target, self.max_chunk, headroom=self.headroom)
+            return first_plan(size, costs, self.threshold, self.serve_only, self.prefetch, self.chunk,
+                              self.task_time)
         regions = self.regions or default_regions(size, self.levels)
         reason = "levels and regions set by configuration"
         if not self.regions and self.levels > 2:

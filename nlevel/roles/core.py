@@ -97,7 +97,7 @@ class StationCore:
         self.loading = False  # a new master waits for its ledger from the checkpoint file
         self.planner: AutoPlanner | None = None
         if rank == 0 and config.auto:
-            self.planner = AutoPlanner(self.size, config, hierarchy.plan)
+            self.planner = AutoPlanner(self.size, config, hierarchy.plan, total)
         self.worker: Worker | None = None
         self.server: Server | None = None
         self.lay_out(hierarchy)
@@ -231,6 +231,11 @@ class StationCore:
         if isinstance(d, Master) and not self.final:
             self.final = True
             d.close_boards(FINAL, self.clock())
+            w = self.worker
+            if w is not None and w.parent == self.rank and w.hand is None and w.state is State.WAIT:
+                # Its own last report ended the job (the final checkpoint written while it
+                # asked): it reads the end now; nobody else tells it.
+                w.refill(self.boards(self.rank, LEAF), self.clock())
         return []
 
     def _timeline(self, d: Server) -> None:

@@ -128,6 +128,7 @@ class Report:
     orphan: bool = False  # forwarded straight to the master from an older epoch
     tasks: int = 0  # tasks finished below the sender since its last report
     busy: float = 0.0  # ... and the seconds they took
+    busy_sq: float = 0.0  # ... and the sum of their squares (the planner's variance)
     task_max: float = 0.0  # the longest task seen below the sender (s): the leases follow it
 
 

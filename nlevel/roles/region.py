@@ -11,6 +11,7 @@ from ..stats import RequestTimes
 from .board import CLOSED, Claimer
 from .messages import Report, Result, TaskFailure
 from .server import LEAF, UPPER, Boards, Server, Sizing
+from .worker import staggered
 
 __all__ = ["Region"]
 
@@ -22,7 +23,7 @@ class Region(Server):
         hierarchy, rank, weights, clock, boards, sizing, epoch: As for :class:`Server`.
         parent: The rank it claims from.
         batch: Forward completions once this many are buffered ...
-        batch_age: ... or once the oldest is this many seconds old.
+        batch_age: ... or once the oldest is about this many seconds old (staggered by rank).
     """
 
     def __init__(self, hierarchy: Hierarchy, rank: int, weights: dict[int, int], clock: Callable[[], float],
@@ -32,13 +33,14 @@ class Region(Server):
         self.parent = parent
         self.claimer = Claimer(rank, boards.slots(UPPER), epoch)
         self.batch = batch
-        self.batch_age = batch_age
+        self.batch_age = staggered(batch_age, rank)
         self.up_done = RangeSet()
         self.up_results: list[tuple[int, Result]] = []
         self.up_failed: list[TaskFailure] = []
         self.up_returned = RangeSet()  # ids to give back upward (this region left, or ids it cannot use)
         self.up_tasks = 0
         self.up_busy = 0.0
+        self.up_busy_sq = 0.0
         self.oldest_up = math.inf
         self.parent_final = False
         self.gone = False  # every child left early: the stock went back to the parent
@@ -111,6 +113,7 @@ class Region(Server):
     def _after_report(self, report: Report, now: float) -> None:
         self.up_tasks += report.tasks
         self.up_busy += report.busy
+        self.up_busy_sq += report.busy_sq
 
     def everyone_left(self) -> bool:
         """Whether every child has left the loop early."""
@@ -120,21 +123,38 @@ class Region(Server):
         """Whether buffered completions should go up now."""
         if not (self.up_done or self.up_failed or self.up_returned or self.up_tasks):
             return False
-        idle = not self.queue and not self.on_board()
-        return (len(self.up_done) >= self.batch or now - self.oldest_up >= self.batch_age or idle
-                or self.parent_final or self.gone)
+        if len(self.up_done) >= self.batch or self.parent_final or self.gone:
+            return True
+        return now >= self.flush_at()
+
+    def flush_at(self) -> float:
+        """When the buffered completions are due by age (inf: nothing buffered)."""
+        if self.oldest_up == math.inf:
+            return math.inf
+        # Waiting for its parent, which had nothing to give: the job may be ending, and the
+        # master may be waiting for exactly these completions. (Merely low on stock is not
+        # that.) Once every child waits too, nothing more is coming from below: send now;
+        # until then gather the children's last reports a little longer, or the master would
+        # handle one flush per child and the region would save it nothing at the end.
+        if self.claimer.ticket < 0 or self.queue or self.on_board():
+            return self.oldest_up + self.batch_age
+        idle = sum(o.waiting for o in self.owners.values())
+        if idle >= self.live[LEAF] + self.live[UPPER]:
+            return self.oldest_up
+        return self.oldest_up + self.batch_age / 8
 
     def flush(self, leaving: bool = False) -> Report:
         """The buffered completions as a report upward (the buffers start anew)."""
         report = Report(self.up_done.ranges(), tuple(self.up_results), self.up_returned.ranges(),
                         tuple(self.up_failed), leaving, tasks=self.up_tasks,
-                        busy=self.up_busy, task_max=self.task_max)
+                        busy=self.up_busy, busy_sq=self.up_busy_sq, task_max=self.task_max)
         self.up_done = RangeSet()
         self.up_results = []
         self.up_failed = []
         self.up_returned = RangeSet()
         self.up_tasks = 0
         self.up_busy = 0.0
+        self.up_busy_sq = 0.0
         self.oldest_up = math.inf
         return report
 

@@ -46,7 +46,8 @@ class Station(Replanning):
             assert isinstance(event, Ran)
             w = self.worker
             assert w is not None, f"rank {self.rank} runs no tasks"
-            w.ran(event.done, event.results, event.failed, event.tasks, event.busy, event.longest, self.clock())
+            w.ran(event.done, event.results, event.failed, event.tasks, event.busy, event.longest, self.clock(),
+                  event.busy_sq)
             return self.worker_report()
         if kind is NeedIds:
             return self.need_ids()
@@ -83,6 +84,8 @@ class Station(Replanning):
     # -- messages ---------------------------------------------------------------------------
     def receive(self, src: int, msg: Message) -> list[Effect]:
         """A wire message from ``src``."""
+        if self.planner is not None:
+            self.planner.on_message(self.clock())
         if isinstance(msg, Mirror):
             return self.on_mirror(msg)  # (even from a master that died since: its commits stand)
         if src in self.failed:
@@ -122,7 +125,7 @@ class Station(Replanning):
             return self.orphan(msg)  # (a stray: this rank serves nobody now)
         now = self.clock()
         if self.planner is not None and isinstance(d, Master) and msg.tasks:
-            self.planner.on_tasks(msg.tasks, msg.busy, now)
+            self.planner.on_tasks(msg.tasks, msg.busy, msg.busy_sq, msg.task_max, now)
         d.on_report(src, msg, now)
         return self.serve()
 
@@ -182,6 +185,8 @@ class Station(Replanning):
                 outs += self.serve()  # its own board is empty: stock it now, and claim again
                 continue
             break
+        if self.hand is None and w.state is State.RUN:
+            w.state = State.WAIT  # every claim lost its race: nothing to run until the next look
         return outs + self.worker_report()
 
     def leave(self, unstarted: tuple[tuple[int, int], ...]) -> list[Effect]:

@@ -155,7 +155,8 @@ class FarmRuntime:
         ledger = self._ledger if self.rank == 0 else None
         self.station = Station(self.hierarchy, self.rank, cfg, clock, self.boards, self.total, ledger, self.width)
         self.port = MpiPort(t, cfg, path, meta, self.writer, self.width)
-        self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval)
+        self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval,
+                         timer=time.perf_counter)
         self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided")
         self.progress: Any = None
         self.recorder: Any = None

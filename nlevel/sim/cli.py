@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         "chunk=1,serve_only=none]",
     )
     p.add_argument(
-        "--chunk", type=int, default=1, help="ids per slave request unless the plan sets chunk= (default 1, as in the "
-        "paper; 0 = nlevel's automatic chunks)"
+        "--chunk", type=int, default=None, help="ids per slave request unless the plan sets chunk= (default: 1 for a "
+        "given plan, as in the paper; under --plan auto the planner's choice; 0 = nlevel's automatic chunks)"
     )
     p.add_argument("--threshold", type=float, default=0.10, metavar="C", help="--plan auto: overhead threshold (default 0.10)")
     p.add_argument("--service-time", type=float, metavar="S", help="seconds a server spends per message (default: calibration)")
@@ -91,7 +91,7 @@ def run(options: argparse.Namespace) -> SimReport:
         raise ConfigError(f"--tasks must be an integer >= 1, got {options.tasks}")
     if options.tasks is None and options.tasks_per_proc < 1:
         raise ConfigError(f"--tasks-per-proc must be an integer >= 1, got {options.tasks_per_proc}")
-    if options.chunk < 0:
+    if options.chunk is not None and options.chunk < 0:
         raise ConfigError(f"--chunk must be an integer >= 0 (0 = automatic), got {options.chunk}")
     tasks = options.tasks if options.tasks is not None else options.procs * options.tasks_per_proc
     if options.task_times_file is not None:
@@ -125,9 +125,10 @@ def run(options: argparse.Namespace) -> SimReport:
         config = config.with_(batch_age=options.batch_age)
     plan: Plan | None = None
     if options.plan.strip() == "auto":
-        config = config.with_(chunk=options.chunk)
+        if options.chunk is not None:
+            config = config.with_(chunk=options.chunk)
     else:
-        plan, _ = parse_plan(options.plan, options.procs, options.chunk)
+        plan = parse_plan(options.plan, options.procs, 1 if options.chunk is None else options.chunk)
     return simulate(
         options.procs,
         plan,

@@ -238,6 +238,8 @@ class Engine:
         nic_until = [0.0] * n  # a board owner's memory, for one-sided operations
         last_served = [-math.inf] * n
         tick_at = [math.inf] * n  # the pending tick of each server
+        last_tick = [-math.inf] * n  # when each server last looked at its boards
+        ticket_since: dict[int, tuple[int, float]] = {}  # region-master -> (its ticket above, since when)
         inbox: list[list[tuple[int, Message]]] = [[] for _ in range(n)]
         hand: list[tuple[int, int] | None] = [None] * n
         started = [0.0] * n
@@ -318,16 +320,19 @@ class Engine:
                 return
             need = math.inf
             if isinstance(d, Region):
-                if d.oldest_up < math.inf:
-                    need = d.oldest_up + d.batch_age
+                need = d.flush_at()
                 if not d.parent_final:
                     tk = d.claimer.ticket
                     if tk >= 0:  # waiting for its parent to publish that ticket
                         waiting.setdefault((d.parent, 1), {})[-1 - r] = tk
+                        seen = ticket_since.get(r)
+                        if seen is None or seen[0] != tk:
+                            seen = ticket_since[r] = (tk, t)
                         p = stations[d.parent].server
                         upper = p.owners.get(1) if p is not None else None
-                        if upper is not None and upper.tail <= tk:
-                            schedule_tick(d.parent, t + c.detect)  # (the parent notices a waiter)
+                        if upper is not None and upper.tail <= tk and last_tick[d.parent] < seen[1]:
+                            # (the parent notices a waiter on its next look; one look is enough)
+                            schedule_tick(d.parent, t + c.detect)
                     elif d.stock() < d.target():
                         need = min(need, t + c.detect)  # (its own next tick refills)
             planner = st.planner
@@ -406,8 +411,11 @@ class Engine:
                 else:
                     owner = w.parent
                     waiting.setdefault((owner, 0), {})[r] = w.claimer.ticket
-                    if stations[owner].server is not None and not stations[owner].done_serving:
-                        schedule_tick(owner, t + cost + c.detect)  # (the owner notices a waiter)
+                    if (stations[owner].server is not None and not stations[owner].done_serving
+                            and last_tick[owner] < asked[r]):
+                        # (the owner notices a waiter on its next look; it need not look again
+                        # each time this waiter wakes and finds nothing)
+                        schedule_tick(owner, t + cost + c.detect)
             elif kind == _ARRIVE:  # at a rank that serves nobody: heard when its loop next runs
                 inbox[r].append(payload)
                 if hand[r] is None and not ended[r]:
@@ -416,6 +424,8 @@ class Engine:
                 src, msg = payload
                 sink[0] = 0
                 loop.handle(Received(src, msg))
+                if st.planner is not None:
+                    st.planner.on_service(c.service_time)  # (μ, as the runtime measures it while serving)
                 send_all(r, t)
                 last_served[r] = t
                 after_server(r, t)
@@ -428,6 +438,7 @@ class Engine:
                     continue  # superseded by an earlier one
                 tick_at[r] = math.inf
                 start = busy_until[r] if busy_until[r] > t else t
+                last_tick[r] = start
                 self.t = start
                 sink[0] = 0
                 loop.handle(Tick())

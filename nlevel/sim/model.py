@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -184,6 +184,10 @@ class SimReport:
         if len(self.plans) > 1 or self.decisions:
             lines.append(f"  planner: {len(self.decisions)} decision(s), {len(self.plans) - 1} switch(es); ended on "
                          f"{Plan.from_dict(self.plans[-1]).describe() if self.plans else '?'}")
+            if self.decisions and "chosen" not in self.decisions[-1]:
+                lines.append("  planner: the job ended before the sampling finished; it kept the plan it started on")
+            elif self.decisions:
+                lines.append(f"  planner's last reason: {self.decisions[-1].get('reason', '')}")
         for name, s in self.servers.items():
             lines.append(
                 f"  {name}: {int(s['servers'])} server(s), {int(s['messages'])} messages handled, "
@@ -283,21 +287,10 @@ def make_durations(
     return [float(x) for x in rng.uniform(lo, hi, size=tasks)]
 
 
-def parse_plan(
-    text: str,
-    procs: int,
-    chunk: int = 1,
-    *,
-    task_time: float | None = None,
-    task_time_spread: float = 0.0,
-    service_time: float = DEFAULT_SERVICE_TIME,
-    msg_time: float = DEFAULT_MSG_TIME,
-    threshold: float = 0.10,
-) -> tuple[Plan, float | None]:
-    """Turn ``--plan`` into a :class:`~nlevel.model.plan.Plan` for ``procs``; return it and the predicted overhead.
+def parse_plan(text: str, procs: int, chunk: int = 1) -> Plan:
+    """Turn ``--plan`` (not ``auto``: that is the in-job planner's) into a :class:`~nlevel.model.plan.Plan` for ``procs``.
 
-    ``classic`` is 2 levels; ``auto`` asks :func:`nlevel.model.queueing.choose_plan` (which needs
-    the mean ``task_time``); otherwise comma-separated ``key=value`` pairs of
+    ``classic`` is 2 levels; otherwise comma-separated ``key=value`` pairs of
     ``levels, regions, prefetch, chunk, serve_only`` (``regions=16x8`` for several
     intermediate levels; default regions from the world size). ``chunk`` applies unless
     the text sets ``chunk=``.
@@ -306,17 +299,8 @@ def parse_plan(
         ConfigError / PlanError: naming the bad part, or a plan that does not fit ``procs``.
     """
     spec = text.strip()
-    predicted: float | None = None
     if spec == "classic":
         plan = Plan(chunk=chunk, reason="classic master-slave (--plan classic)")
-    elif spec == "auto":
-        if task_time is None:
-            raise ConfigError("--plan auto needs the mean task time")
-        from ..model.queueing import choose_plan
-
-        decision = choose_plan(procs, task_time, service_time, msg_time, threshold, task_time_spread)
-        plan = replace(decision.plan, chunk=chunk, reason=f"--plan auto: {decision.reason}")
-        predicted = float(decision.predicted_overhead)
     else:
         values: dict[str, Any] = {}
         for item in spec.split(","):
@@ -349,7 +333,7 @@ def parse_plan(
             values["regions"] = default_regions(procs, levels) if isinstance(levels, int) and levels > 2 else ()
         plan = Plan(**values, reason=f"--plan {spec}")
     plan.check_fits(procs)
-    return plan, predicted
+    return plan
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -415,7 +399,9 @@ def simulate(
     started = time.perf_counter()
     # No process hangs in a simulation; a lease that expired because a simulated server is
     # overloaded (its backlog delays the reports) must not kill anyone.
-    config = (config or Config()).with_(lease_min=1e9)
+    # The costs are the machine's: a real job's planner reads them from the calibration.
+    config = (config or Config()).with_(lease_min=1e9, service_time=service_time, msg_time=msg_time,
+                                        atomic_time=atomic_time, atomic_service=atomic_service)
     if plan is None:
         config = config.with_(levels=0)
         first = config.plan(procs)
