@@ -41,6 +41,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from classic import classic_farm  # noqa: E402
+import provenance  # noqa: E402
 
 from nlevel import Config, Farm  # noqa: E402
 
@@ -234,7 +235,8 @@ def main() -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(
-                    {"size": size, "cores": cores, "oversubscribed": over, "repeat": args.repeat,
+                    {"provenance": provenance.record(), "size": size, "cores": cores, "oversubscribed": over,
+                     "repeat": args.repeat,
                      "zero_tasks": args.zero, "tasks_per_proc": args.tasks_per_proc,
                      "long_tasks_per_proc": args.long_tasks_per_proc,
                      "yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),

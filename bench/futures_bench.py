@@ -29,6 +29,9 @@ from typing import Any
 from mpi4py import MPI
 from mpi4py.futures import MPIPoolExecutor
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402
+
 
 def zero_task(i: int) -> float:
     return 0.0
@@ -84,7 +87,7 @@ def main() -> int:
         print(f"MPIPoolExecutor {c:28} {m['tasks_per_s']:12,.0f} tasks/s  overhead {100 * m['overhead']:5.1f} %")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"size": size, "workers": workers, "cores": cores, "oversubscribed": size > cores,
+            json.dump({"provenance": provenance.record(), "size": size, "workers": workers, "cores": cores, "oversubscribed": size > cores,
                        "tuned_chunksize": tuned, "repeat": args.repeat, "median": med, "runs": runs}, f, indent=1)
             f.write("\n")
     return 0

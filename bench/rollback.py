@@ -36,6 +36,9 @@ sys.path.insert(0, ROOT)
 from nlevel.testing import inject  # noqa: E402
 from nlevel.testing.inject import Schedule, plan_of  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402
+
 APP = "tests.apps.logging_app"
 
 
@@ -151,7 +154,8 @@ def main() -> None:
         print(f"failure-free overhead of --with-ft ulfm (compute): {(fto / plain_c - 1) * 100:+.1f}% (target <= 5%)")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump({"args": vars(a), "summary": summary, "runs": rows}, f, indent=1)
+        json.dump({"provenance": provenance.record(), "args": vars(a), "summary": summary, "runs": rows}, f,
+                  indent=1)
     print(f"wrote {a.out}")
 
 

@@ -42,6 +42,9 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import provenance  # noqa: E402
 
 PROCS = (2, 4, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         point = simulate_point(w, plan, n, options.tasks_per_proc, options.timeout)
         point["tasks_per_proc"] = options.tasks_per_proc
+        point["provenance"] = provenance.record()
         data["points"][k] = point
         if os.path.exists(options.json):  # another run may have added points meanwhile: keep them
             with open(options.json) as f:

@@ -35,6 +35,9 @@ sys.path.insert(0, ROOT)
 from nlevel.testing import inject  # noqa: E402
 from nlevel.testing.inject import Schedule, percentile, plan_of  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402
+
 APP = "tests.apps.logging_app"
 TARGET_MS = {"slave": 50, "region-master": 100, "master": 250}
 
@@ -190,7 +193,8 @@ def main() -> None:
     print(table)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "summary": summary, "trials": trials}, f, indent=1)
+        json.dump({"provenance": provenance.record(), "args": vars(args), "summary": summary, "trials": trials},
+                  f, indent=1)
     print(f"\nwrote {args.out}" + (f"; trial directories in {base}" if args.keep else ""))
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)

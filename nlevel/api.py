@@ -55,10 +55,14 @@ class Farm:
         checkpoint: Path of the HDF5 checkpoint (None: no checkpoint). Completed ids
             recorded there are not run again.
         comm: An mpi4py communicator (default ``MPI.COMM_WORLD``).
-        fingerprint: What identifies the app and the parameters that change what a task
-            means; a checkpoint written with another fingerprint is refused. Default: the
-            main script's file name (its command-line arguments are not part of it).
-        fresh: Start over even if the checkpoint has progress; the old file is kept aside.
+        fingerprint: What identifies the run in its checkpoint, beside ``total``: None (the
+            main script's file name), a name, or a dict of the parameters that change what a
+            task computes (``{"seed": 3, "model": "v2"}``; an ``"app"`` key replaces the file
+            name). Leave out what does not (output directories, log paths, job ids): only
+            what is given here can block a resume. A checkpoint of another identity is refused,
+            naming both and what differs.
+        fresh: Start over even if the checkpoint has progress; the old file is kept aside
+            (renamed ``<checkpoint>.<UTC time>.bak``).
         config: Settings (default: ``NLEVEL_*`` variables, then defaults).
         result_fields: Names of the numbers :meth:`complete` takes per task when it is
             more than one (e.g. ``("score", "evaluations")``); default: one number.
@@ -307,7 +311,8 @@ _last_comm: Any = None
 _last_farm: Farm | None = None
 
 
-def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = None, comm: Any = None) -> int:
+def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = None, comm: Any = None, *,
+                fingerprint: dict[str, Any] | str | None = None) -> int:
     """Return the next task id for this rank, or a negative number when there is none left.
 
     The first call on a communicator sets the farm up (collectively: every rank must
@@ -320,6 +325,10 @@ def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = Non
         checkpoint_file: HDF5 file recording completed ids (None: no checkpoint).
             Ids it records as completed are never handed out again.
         comm: An mpi4py communicator (default ``MPI.COMM_WORLD``).
+        fingerprint: What identifies the run beside ``total`` (see :class:`Farm`): by default
+            the script's file name, so a resume with other arguments (an output directory, a
+            job id) goes on; pass the parameters that change what a task computes. Read by
+            the call that sets the farm up.
 
     Returns:
         A task id in ``[0, total)``, or -1.
@@ -333,10 +342,10 @@ def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = Non
         if cur < farm._stop:
             farm._cur = cur + 1
             return cur
-    return _get_task_id(total, checkpoint_file, comm)
+    return _get_task_id(total, checkpoint_file, comm, fingerprint)
 
 
-def _get_task_id(total: int, checkpoint_file: Any, comm: Any) -> int:
+def _get_task_id(total: int, checkpoint_file: Any, comm: Any, fingerprint: Any = None) -> int:
     global _last_comm, _last_farm, last_report
     from .runtime import transport
 
@@ -344,7 +353,7 @@ def _get_task_id(total: int, checkpoint_file: Any, comm: Any) -> int:
     key = transport.comm_key(c)
     farm = _active.get(key)
     if farm is None:
-        farm = Farm(total, checkpoint_file, c)
+        farm = Farm(total, checkpoint_file, c, fingerprint=fingerprint)
         _active[key] = farm
     elif isinstance(total, bool) or not isinstance(total, int) or total != farm.total:
         raise ConfigError(f"get_task_id called with total={total!r} while a farm with total={farm.total} is running")

@@ -5,6 +5,6 @@ the checkpoint's fingerprint and the run report, so it stays the same across the
 the code into :mod:`nlevel.runtime` (a run started before resumes after).
 """
 
-from .runtime.micro import add_arguments, do_job, duration, setup, total
+from .runtime.micro import add_arguments, do_job, duration, fingerprint, setup, total
 
-__all__ = ["add_arguments", "setup", "total", "do_job", "duration"]
+__all__ = ["add_arguments", "setup", "total", "fingerprint", "do_job", "duration"]

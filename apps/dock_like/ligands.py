@@ -1,21 +1,17 @@
-"""The ligand library: reading SDF with RDKit, skipping bad records, preparing a ligand to dock.
+"""Preparing a parsed ligand for the built-in engine, and every ligand's seed.
 
-A library is an SDF file. :func:`load_library` scans it once: every record that RDKit
-parses and sanitizes becomes a ligand; a malformed or empty record is skipped with a
-reason that names it (record number and name), and a file with no valid record is an
-error. :func:`prepare` turns one ligand into what the pose search needs: hydrogens,
-Gasteiger charges, 3D coordinates (generated with ETKDG + MMFF when the record has
+:func:`prepare` turns one ligand into what the built-in pose search needs: hydrogens,
+Gasteiger charges, 3D coordinates (generated with ETKDG + MMFF when the entry has
 none, seeded by the ligand, so every rank gets the same conformer), force-field atom
-parameters, rotatable bonds and the intramolecular pairs.
-
-Task ``i`` of the app is ligand ``i``: the ``i``-th valid record, in file order.
+parameters, rotatable bonds and the intramolecular pairs. :func:`ligand_seed` is also
+the seed of the Vina engine's 3D embedding. Reading the library is :mod:`library`'s
+and :mod:`parse`'s concern.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from rdkit import Chem, rdBase
@@ -23,119 +19,11 @@ from rdkit.Chem import rdDistGeom, rdForceFieldHelpers, rdPartialCharges
 
 from .score import atom_weights, pair_repulsion
 
-__all__ = ["Library", "Skipped", "Ligand", "load_library", "prepare", "ligand_seed", "PrepareError"]
+__all__ = ["Ligand", "prepare", "ligand_seed", "PrepareError"]
 
 
 class PrepareError(ValueError):
     """A ligand that parsed but cannot be docked (e.g. no 3D coordinates can be generated)."""
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A record of the library that is not docked, and why."""
-
-    record: int  # 1-based position in the file
-    name: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"record {self.record} ({self.name!r}): {self.reason}"
-
-
-@dataclass
-class Library:
-    """The valid records of an SDF file; ``records[i]`` is the 1-based record of ligand ``i``."""
-
-    path: str
-    records: list[int]
-    names: list[str]
-    skipped: list[Skipped]
-    n_records: int
-    _supplier: Chem.SDMolSupplier | None = field(default=None, repr=False, compare=False)
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def mol(self, ligand: int) -> Chem.Mol:
-        """Return ligand ``ligand``'s molecule as read from the file (sanitized)."""
-        if self._supplier is None:
-            self._supplier = _supplier(self.path)
-        mol, _reason = _read(self._supplier, self.records[ligand] - 1)
-        if mol is None:  # the file changed under us
-            raise PrepareError(f"{self.path!r} record {self.records[ligand]} no longer parses; was the library modified?")
-        return mol
-
-
-def _supplier(path: str) -> Chem.SDMolSupplier:
-    return Chem.SDMolSupplier(path, sanitize=False, removeHs=False)
-
-
-def _record_name(supplier: Chem.SDMolSupplier, index: int) -> str:
-    try:
-        text = supplier.GetItemText(index)
-    except (RuntimeError, IndexError):
-        return ""
-    first = text.split("\n", 1)[0].strip()
-    return "" if first == "$$$$" else first
-
-
-def _read(supplier: Chem.SDMolSupplier, index: int) -> tuple[Chem.Mol | None, str]:
-    """Parse and sanitize record ``index`` (0-based); return (mol, "") or (None, reason)."""
-    with rdBase.BlockLogs():
-        try:
-            mol = supplier[index]
-        except (RuntimeError, ValueError) as exc:  # RDKit raises on some truncated records
-            return None, f"RDKit could not read it ({exc})"
-        if mol is None:
-            text = supplier.GetItemText(index)
-            if not text.replace("$$$$", "").strip():
-                return None, "empty record"
-            return None, "not a valid molfile (RDKit could not parse its atom or bond block)"
-        if mol.GetNumAtoms() == 0:
-            return None, "record has no atoms"
-        try:
-            Chem.SanitizeMol(mol)
-        except Exception as exc:  # RDKit raises several sanitization exception types
-            return None, f"invalid chemistry: {exc}"
-    return mol, ""
-
-
-def load_library(path: str) -> Library:
-    """Scan the SDF file ``path``: keep the records RDKit can parse, note the others.
-
-    Returns:
-        The library; ``skipped`` lists each bad record with its number, name and reason.
-
-    Raises:
-        ValueError: when the file is missing, unreadable, or has no valid record.
-    """
-    if not os.path.isfile(path):
-        raise ValueError(f"--library {path!r}: no such file; expected an SDF file of ligands")
-    if os.path.getsize(path) == 0:
-        raise ValueError(f"--library {path!r} is empty: no valid SDF record; expected an SDF file of ligands")
-    try:
-        supplier = _supplier(path)
-        n = len(supplier)
-    except OSError as exc:
-        raise ValueError(f"--library {path!r} cannot be read: {exc}") from exc
-    records: list[int] = []
-    names: list[str] = []
-    skipped: list[Skipped] = []
-    for index in range(n):
-        mol, reason = _read(supplier, index)
-        name = _record_name(supplier, index) or f"record{index + 1}"
-        if mol is None:
-            skipped.append(Skipped(index + 1, name, reason))
-        else:
-            records.append(index + 1)
-            names.append(mol.GetProp("_Name").strip() or name)
-    if not records:
-        detail = f"; first problem: {skipped[0]}" if skipped else ""
-        raise ValueError(
-            f"--library {path!r} has no valid SDF record ({n} record(s) read){detail}; "
-            f"expected an SDF file (records ending with $$$$) that RDKit can parse"
-        )
-    return Library(os.path.abspath(path), records, names, skipped, n)
 
 
 def ligand_seed(name: str, record: int, seed: int = 0) -> int:

@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  "source": "per-ligand 'seconds' of a 1-process run's hit list",
                                  "seconds": hits["seconds"][ok].tolist(),
                                  "names": [nm for nm, keep in zip(hits["name"], ok) if keep],
-                                 "n_heavy": hits["n_heavy"][ok].tolist(), "n_torsions": hits["n_torsions"][ok].tolist(),
+                                 "n_heavy": hits["n_heavy"][ok].tolist(), "n_rotatable": hits["n_rotatable"][ok].tolist(),
                                  "distribution": _distribution(hits["seconds"][ok])}
                         with open(os.path.join(a.results, "task_times.json"), "w") as f:
                             json.dump(times, f, indent=1)

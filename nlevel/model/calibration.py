@@ -32,6 +32,8 @@ class Calibration:
         identity: Where it was measured (host, CPU, MPI library, nlevel version).
         measured: ISO time of the measurement.
         details: Raw figures (samples, medians) for the record.
+        atomic_time: One one-sided operation as its origin sees it (0: not measured; older files).
+        atomic_service: The time one such operation occupies the target (0: not measured).
     """
 
     service_time: float
@@ -39,6 +41,8 @@ class Calibration:
     identity: dict[str, str]
     measured: str
     details: dict[str, Any]
+    atomic_time: float = 0.0
+    atomic_service: float = 0.0
 
 
 def default_path() -> str:
@@ -90,7 +94,8 @@ def load_calibration(path: str | None = None, mpi_library: str | None = None) ->
         with open(path) as f:
             d = json.load(f)
         cal = Calibration(
-            float(d["service_time"]), float(d["msg_time"]), dict(d["identity"]), str(d["measured"]), dict(d["details"])
+            float(d["service_time"]), float(d["msg_time"]), dict(d["identity"]), str(d["measured"]), dict(d["details"]),
+            float(d.get("atomic_time", 0.0)), float(d.get("atomic_service", 0.0)),
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(

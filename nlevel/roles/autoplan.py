@@ -1,21 +1,26 @@
-"""The master's planner for ``--levels auto``: measure, fit, decide, re-decide. Pure Python.
+"""The master's planner for ``--levels auto``: the paper's procedure, run inside the job. Pure Python.
 
-The paper's procedure (§2.1), run inside the job:
-
-1. start as classic 2-level;
-2. once the first tasks' run times are known, fix a sampling interval and a number of
-   samples M from them (:func:`nlevel.model.queueing.sampling_rule`) and count the task
-   requests reaching the master in each interval;
-3. fit λ̂ and σ̂² (maximum likelihood) and test the Poisson hypothesis;
-4. with μ (measured: 1 / the master's time per request), T_msg and T_exe (reported by the
-   slaves), predict the current plan and choose one (:func:`nlevel.model.queueing.choose_plan`).
-   If the measured ρ̂ = λ̂/μ is higher than the model's, the model's service time is
-   scaled up to match, so a master that is really saturated is never kept.
-
-It switches when the chosen plan differs and the current one is predicted above C (or
-the load has dropped so much that a smaller plan suffices), then samples again every
-``replan_interval`` seconds, so a job whose tasks get longer or shorter is re-planned.
-Every decision, with its inputs and reason, goes into the run report.
+1. **Start.** The paper starts classic (2 levels). That is right only where one master
+   absorbs the first burst of requests; at tens of thousands of processes with short tasks
+   the first burst alone outlasts the job. So the job starts classic up to
+   :data:`~nlevel.model.planner.CLASSIC_UP_TO` processes, else on a tree sized from the
+   process count, or, when the user gives a task-time hint, on the plan the model chooses
+   for it (:func:`nlevel.model.planner.first_plan`). The report says which start and why.
+2. **Sample.** Once the first tasks' run times are known (from the first reports), the
+   sampling interval and the number of samples M come from them
+   (:func:`nlevel.model.queueing.sampling_rule`). During the window the master counts
+   what arrives at each of its two queues: messages at its CPU (reports, flushes) and
+   claims at its boards; and it times its own handling of each message (μ, measured while
+   serving).
+3. **Fit.** λ̂ and σ̂² of each count (maximum likelihood), and the dispersion test: counts
+   burstier than Poisson queue longer (Kingman), and the plan keeps more headroom.
+4. **Decide.** The measured workload (task mean, variance, longest) and costs (the
+   measured service time; where the measured ρ is above the model's, the service time is
+   scaled up to match) go through the model (:mod:`nlevel.model.cost`); a plan predicted
+   above C, or with a server above the headroom, or a measured ρ ≥ 1, is replaced by the
+   planner's choice (:mod:`nlevel.model.planner`) when that choice is predicted better.
+   Every decision, with its inputs and reason, goes into the run report; then the master
+   samples again every ``replan_interval`` seconds, so a job whose tasks change is re-planned.
 """
 
 from __future__ import annotations
@@ -24,13 +29,20 @@ import math
 from typing import Any
 
 from ..config import Config
+from ..model.cost import Costs, Workload, predict
 from ..model.plan import Plan, parse_force
-from ..model.queueing import choose_plan, fit_poisson, predict, sampling_rule
+from ..model.planner import choose_plan
+from ..model.queueing import fit_poisson, sampling_rule
 from ..stats import Summary
 
-__all__ = ["AutoPlanner"]
+__all__ = ["AutoPlanner", "costs_of"]
 
-DEFAULT_SERVICE = 5e-5  # s, until the master has served a request (README, Performance)
+
+def costs_of(config: Config, service_time: float | None = None) -> Costs:
+    """The model's costs from the settings (and a measured service time, when there is one)."""
+    return Costs(service_time if service_time else config.service_time, config.msg_time, config.atomic_time,
+                 config.atomic_service, config.report_age, config.batch_age, config.batch, config.chunk_target,
+                 config.max_chunk, headroom=config.headroom)
 
 
 class AutoPlanner:
@@ -38,45 +50,62 @@ class AutoPlanner:
 
     Args:
         size: Processes in the job.
-        config: Settings (threshold, replan interval, force_replan).
-        plan: The plan the job starts with.
+        config: Settings (threshold, headroom, replan interval, costs, force_replan).
+        plan: The plan the job starts on.
+        total: Tasks in the job.
     """
 
-    def __init__(self, size: int, config: Config, plan: Plan) -> None:
+    def __init__(self, size: int, config: Config, plan: Plan, total: int = 0) -> None:
         self.size = size
         self.config = config
         self.plan = plan
+        self.total = total
         self.state = "warmup"
         self.first_task_times: list[float] = []
         self.task = Summary(11)
-        self.msg = Summary(12)
+        self.task_sq = 0.0  # sum of squared task times (reports carry it): the variance
+        self.task_max = 0.0
         self.service = Summary(13)
-        self.arrivals: list[float] = []
+        self.messages: list[float] = []
+        self.claims: list[float] = []
         self.window_start = 0.0
         self.interval = 0.0
         self.samples = 0
         self.next_window = 0.0
-        self.decisions: list[dict[str, Any]] = []
+        self.decisions: list[dict[str, Any]] = [{"time": 0.0, "start": plan.to_dict(), "reason": plan.reason}]
         self.force = parse_force(config.force_replan)
 
+    @property
+    def workers(self) -> int:
+        """Ranks that run tasks under the current plan."""
+        return self.size - (1 if self.plan.serve_only == "master" else 0)
+
     # -- measurements ----------------------------------------------------------------
-    def on_tasks(self, tasks: int, busy: float, now: float) -> None:
+    def on_tasks(self, tasks: int, busy: float, busy_sq: float, longest: float, now: float) -> None:
         """A report reached the master: ``tasks`` finished below, taking ``busy`` seconds."""
         mean = busy / tasks
-        self.task.add(mean)
+        self.task.add_many(mean, tasks, longest)
+        self.task_sq += busy_sq if busy_sq > 0 else tasks * mean * mean
+        self.task_max = max(self.task_max, longest)
         if self.state == "warmup":
             self.first_task_times.append(mean)
 
+    def on_message(self, now: float) -> None:
+        """A message reached the master's CPU."""
+        if self.state == "sampling":
+            self.messages.append(now)
+
     def on_service(self, seconds: float) -> None:
-        """The master spent ``seconds`` receiving, handling and answering one request."""
-        self.service.add(seconds)
+        """The master spent ``seconds`` handling one message (its μ, measured while it serves)."""
+        if seconds > 0:
+            self.service.add(seconds)
 
     # -- decisions ----------------------------------------------------------------------
     def tick(self, now: float, committed_fraction: float, master: Any = None) -> Plan | None:
         """Advance; return a plan to switch to, or None.
 
-        ``master`` (the master's server) logs the time of every claim on its boards while
-        a sampling window is open: those are the arrivals the Poisson fit counts.
+        ``master`` (the master's server) logs the time of every claim on its boards while a
+        sampling window is open: those are the claims' arrivals.
         """
         if master is not None:
             if self.state == "sampling" and master.claim_log is None:
@@ -84,7 +113,7 @@ class AutoPlanner:
             elif self.state != "sampling" and master.claim_log is not None:
                 master.claim_log = None
             if master.claim_log:
-                self.arrivals.extend(master.claim_log)
+                self.claims.extend(master.claim_log)
                 master.claim_log.clear()
         if self.force is not None and committed_fraction >= self.force[0]:
             plan = self.force[1]
@@ -94,7 +123,7 @@ class AutoPlanner:
         if self.size < 4:
             return None  # no hierarchy fits: classic it is
         if self.state == "warmup":
-            if len(self.first_task_times) >= min(self.size - 1, 8):
+            if len(self.first_task_times) >= min(self.workers - 1, 8) and self.first_task_times:
                 self._start_window(now, self.first_task_times)
             return None
         if self.state == "idle":
@@ -105,71 +134,106 @@ class AutoPlanner:
             return None
         return self._decide(now)
 
+    def next_check(self, now: float) -> float:
+        """When :meth:`tick` next has something to do (a simulation ticks the master then)."""
+        if self.state == "warmup":
+            return now if len(self.first_task_times) >= min(self.workers - 1, 8) else math.inf
+        if self.state == "sampling":
+            return self.window_start + self.samples * self.interval
+        if self.state == "idle":
+            return self.next_window
+        return math.inf
+
     def _start_window(self, now: float, task_times: list[float]) -> None:
-        workers = self.size if self.plan.serve_only == "none" else self.size - 1
-        self.interval, self.samples = sampling_rule(task_times, workers)
+        self.interval, self.samples = sampling_rule(task_times, self.workers)
         self.window_start = now
-        self.arrivals = []
+        self.messages = []
+        self.claims = []
         self.state = "sampling"
 
-    def _decide(self, now: float) -> Plan | None:
+    def _counts(self, times: list[float]) -> list[int]:
         counts = [0] * self.samples
-        for t in self.arrivals:
+        for t in times:
             k = int((t - self.window_start) / self.interval)
             if 0 <= k < self.samples:
                 counts[k] += 1
-        fit = fit_poisson(counts, self.interval)
+        return counts
+
+    def _decide(self, now: float) -> Plan | None:
+        msgs = fit_poisson(self._counts(self.messages), self.interval)
+        claims = fit_poisson(self._counts(self.claims), self.interval)
         self.state = "idle"
         self.next_window = now + self.config.replan_interval
-        t_exe = self.task.mean
-        service = self.service.mean if self.service.n else DEFAULT_SERVICE
-        msg = self.msg.mean if self.msg.n else 0.0
-        mu = 1.0 / service
-        current = predict(self.plan, self.size, t_exe, service, msg)
-        rho_measured = fit.rate / mu
-        rho_model = current.levels[0].rho
-        effective = service
-        if rho_model > 0 and rho_measured > rho_model:
-            effective = service * rho_measured / rho_model  # trust the measurement over the model
-        current = predict(self.plan, self.size, t_exe, effective, msg)
-        decision = choose_plan(self.size, t_exe, effective, msg, self.config.threshold, self.task.std)
-        chosen = decision.plan
-        same = (chosen.levels, chosen.regions) == (self.plan.levels, self.plan.regions)
-        # Only a plan predicted above C is left (a smaller one that would also do is not worth
-        # the move: switching back and forth between two acceptable plans costs every rank).
-        switch = not same and current.overhead > self.config.threshold
-        why = decision.reason
+        c = self.config
+        mean = self.task.mean
+        var = max(0.0, self.task_sq / self.task.n - mean * mean) if self.task.n else 0.0
+        work = Workload(self.size, mean, var, self.task_max, self.total)
+        measured_s = self.service.mean if self.service.n else 0.0
+        costs = costs_of(c, measured_s)
+        dispersion = max(msgs.dispersion, claims.dispersion) if msgs.verdict == "over-dispersed" or \
+            claims.verdict == "over-dispersed" else 1.0
+        current = predict(self.plan, work, costs, dispersion)
+        rho_cpu = msgs.rate * costs.service_time
+        rho_mem = claims.rate * 3 * costs.atomic_service
+        model_cpu = current.levels[0].rho_cpu
+        if model_cpu > 0 and rho_cpu > model_cpu:
+            # The master is busier than the model says: trust the measurement (its reports cost more).
+            costs = costs_of(c, costs.service_time * rho_cpu / model_cpu)
+            current = predict(self.plan, work, costs, dispersion)
+        if dispersion > 1:
+            # Bursts queue longer: keep more headroom (Kingman: waits grow with (1 + dispersion) / 2).
+            costs = Costs(costs.service_time, costs.msg_time, costs.atomic_time, costs.atomic_service,
+                          costs.report_age, costs.batch_age, costs.batch, costs.chunk_target, costs.max_chunk,
+                          costs.detect, max(0.35, costs.headroom * 2 / (1 + dispersion)))
+        decision = choose_plan(work, costs, c.threshold, self.plan.serve_only, dispersion)
+        chosen = decision.chosen
+        same = (decision.plan.levels, decision.plan.regions) == (self.plan.levels, self.plan.regions)
+        trouble = current.overhead > c.threshold or not current.feasible or max(rho_cpu, rho_mem) >= 1
+        better = chosen.overhead < current.overhead - 0.005 or (not current.feasible and chosen.feasible)
+        switch = not same and trouble and better
         if same:
-            why = f"keep the current plan: {why}"
-        elif not switch:
-            why = f"keep the current plan (predicted {current.overhead:.2%} <= C); the model would also accept {chosen.describe()}"
+            why = f"keep: {decision.reason}"
+        elif not trouble:
+            why = (f"keep the current plan (predicted {current.overhead:.2%} <= C, busiest rho {current.busiest:.2f}); "
+                   f"the model would also accept {decision.plan.describe()}")
+        elif not better:
+            why = f"keep the current plan: nothing predicted better ({decision.reason})"
+        else:
+            why = f"switch: the current plan is predicted {current.overhead:.2%}; {decision.reason}"
         record = {
             "time": now,
-            "poisson": fit.to_dict(),
-            "mu_per_s": mu,
-            "service_s": service,
-            "service_s_effective": effective,
-            "msg_s": msg,
-            "task_mean_s": t_exe,
-            "task_std_s": self.task.std,
-            "rho_measured": rho_measured,
-            "rho_model": rho_model,
+            "samples": self.samples,
+            "interval_s": self.interval,
+            "lambda_hat": msgs.rate,
+            "sigma2_hat": msgs.var / self.interval ** 2 if self.interval else 0.0,
+            "messages": msgs.to_dict(),
+            "claims": claims.to_dict(),
+            "dispersion": dispersion,
+            "mu": 1.0 / costs.service_time,
+            "service_s_measured": measured_s or None,
+            "service_s_used": costs.service_time,
+            "rho_measured": {"cpu": rho_cpu, "memory": rho_mem},
+            "rho": [{"level": lv.level, "cpu": lv.rho_cpu, "memory": lv.rho_memory} for lv in current.levels],
+            "task_mean_s": mean,
+            "task_std_s": math.sqrt(var),
+            "task_max_s": self.task_max,
             "current_plan": self.plan.to_dict(),
             "current_predicted": current.to_dict(),
+            "predicted_overhead": chosen.overhead if switch else current.overhead,
             "chosen": decision.to_dict(),
             "switch": switch,
             "reason": why,
         }
-        if fit.verdict != "poisson":
+        if msgs.verdict != "poisson" or claims.verdict != "poisson":
             record["model_note"] = (
-                f"request counts are {fit.verdict} (dispersion {fit.dispersion:.2f}, p={fit.p_value:.3g}): "
-                f"the M/M/1 prediction is an approximation here"
-            )
+                f"arrivals are not Poisson (messages {msgs.verdict}, dispersion {msgs.dispersion:.2f}; claims "
+                f"{claims.verdict}, dispersion {claims.dispersion:.2f}): "
+                + ("more headroom kept" if dispersion > 1 else "the M/M/1 prediction is an approximation here"))
         self.decisions.append(record)
         if not switch:
             return None
-        return self._switch(Plan(chosen.levels, chosen.regions, chosen.prefetch, self.plan.chunk,
-                                 self.plan.serve_only, why), now)
+        return self._switch(Plan(decision.plan.levels, decision.plan.regions, self.plan.prefetch,
+                                 decision.plan.chunk, self.plan.serve_only, why), now)
 
     def _switch(self, plan: Plan, now: float) -> Plan:
         self.plan = plan
@@ -190,4 +254,3 @@ class AutoPlanner:
             return x
 
         return [clean(d) for d in self.decisions]
-

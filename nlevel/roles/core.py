@@ -23,7 +23,7 @@ from .autoplan import AutoPlanner
 from .board import FINAL
 from .events import Effect, Send, WriteCheckpoint
 from .ledger import Ledger
-from .messages import FailureRecord, Message, Report
+from .messages import FailureRecord, Message, Report, Result
 from .recovery import Reconciliation
 from .master import Master
 from .region import Region
@@ -109,15 +109,17 @@ class StationCore:
         # Completions sent to each parent (fault tolerance): a survivor's answer to a reconciler
         # counts them as held while they may be in flight; a parent that passed them to a rank
         # that died reports them lost (``lost_via``). Tracked from the start: a rank that learns
-        # of a death late must still know what it passed to the dead.
+        # of a death late must still know what it passed to the dead. Completions sent to a rank
+        # that died are also reported again, with their results, to the new parent.
         self.sent_done: dict[int, RangeSet] | None = {} if self.ft else None
         self.lost_via: dict[int, RangeSet] = {}  # completions passed to a rank that died, by that rank
         self.lost_seen: set[tuple[int, int]] = set()  # a reconciler: (survivor, dead) losses requeued already
+        self.sent_results: dict[int, list[tuple[int, Result]]] = {}
         self.job_over = False
         self.loading = False  # a new master waits for its ledger from the checkpoint file
         self.planner: AutoPlanner | None = None
         if rank == 0 and config.auto:
-            self.planner = AutoPlanner(self.size, config, hierarchy.plan)
+            self.planner = AutoPlanner(self.size, config, hierarchy.plan, total)
         self.worker: Worker | None = None
         self.server: Server | None = None
         self.lay_out(hierarchy)
@@ -136,6 +138,7 @@ class StationCore:
         weights = {r: hierarchy[r].weight for r in info.children}
         if info.computes and (info.children or info.role is Role.MASTER):
             weights[self.rank] = 1  # its own loop claims from its own leaf board
+        busy = self.server.busy_below if self.server is not None else 0.0  # (a running total across plans)
         self.server = None
         if info.role is Role.MASTER:
             if self.ledger is None:
@@ -148,6 +151,7 @@ class StationCore:
                                  c.batch, c.batch_age, self.epoch)
         if self.server is not None:
             self.server.quarantine = c.quarantine
+            self.server.busy_below = busy
             if isinstance(self.server, Master) and self.ledger is not None:
                 # Timeouts of earlier runs (without fault tolerance a hung task stops the job;
                 # the next run counts on).
@@ -201,11 +205,13 @@ class StationCore:
             return self.serve()
         if self.sent_done is not None and report.done:
             self.sent_done.setdefault(dest, RangeSet()).add_ranges(report.done)
+            if report.results:
+                self.sent_results.setdefault(dest, []).extend(report.results)
         return [Send(dest, report)]
 
     def orphan(self, report: Report) -> list[Effect]:
         """Completions and returned ids from an older epoch (or a stray sender): to the master."""
-        if not (report.done or report.returned or report.failed or report.handed_off):
+        if not (report.done or report.returned or report.failed):
             return []
         if isinstance(self.server, Master):
             self.server.take_orphan(report, self.clock())
@@ -225,13 +231,13 @@ class StationCore:
         return self.report_up(w.report(now), w.parent)
 
     # -- the server's step -------------------------------------------------------------------
-    def serve(self) -> list[Effect]:
-        """A server's work now: attribute claims, refill, publish, forward, finish."""
+    def serve(self, full: bool = False) -> list[Effect]:
+        """A server's work now: attribute claims (``full``: every published slot), refill, publish, forward, finish."""
         d = self.server
         if d is None:
             return []
         now = self.clock()
-        d.scan(now)
+        d.scan(now, full)
         self._timeline(d)
         outs: list[Effect] = []
         if isinstance(d, Region):
@@ -263,6 +269,11 @@ class StationCore:
         if isinstance(d, Master) and not self.final:
             self.final = True
             d.close_boards(FINAL, self.clock())
+            w = self.worker
+            if w is not None and w.parent == self.rank and w.hand is None and w.state is State.WAIT:
+                # Its own last report ended the job (the final checkpoint written while it
+                # asked): it reads the end now; nobody else tells it.
+                w.refill(self.boards(self.rank, LEAF), self.clock())
         return []
 
     def _timeline(self, d: Server) -> None:

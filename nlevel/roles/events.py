@@ -61,6 +61,7 @@ class Ran:
         tasks: How many tasks ran (``done`` plus ``failed``).
         busy: Seconds they took together.
         longest: The longest of them (s).
+        busy_sq: The sum of their squared times (s²; tasks timed together count as equal).
     """
 
     done: Ranges = ()
@@ -69,6 +70,7 @@ class Ran:
     tasks: int = 0
     busy: float = 0.0
     longest: float = 0.0
+    busy_sq: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,10 +60,15 @@ class Failures(StationCore):
         nh = build(self.size, old.plan, failed)
         if self.sent_done is None:
             self.sent_done = {}
+        # Completions reported to a rank that died are lost with it: report them again (below),
+        # to the new parent, rather than run them again.
+        again, again_results = RangeSet(), []
         for x in new:
             sent = self.sent_done.pop(x, None)
             if sent:
                 self.lost_via[x] = sent  # passed to a rank that died: a reconciler must know
+                again.add_ranges(sent.ranges())
+                again_results += self.sent_results.pop(x, [])
         wall = self.wall()
         for epoch in list(self.draining):  # the dead never acknowledge a regroup
             self.draining[epoch] -= new
@@ -72,6 +77,8 @@ class Failures(StationCore):
         d = self.server
         ask: set[int] = set()
         if d is not None:
+            for x in sorted(new & set(d.strangers)):
+                d.requeue_lost(d.drop_stranger(x))  # (it took them here before this rank knew it as a child)
             for x in sorted(new & set(d.children)):
                 gone = d.children[x]
                 silent = d.clock() - gone.heard
@@ -108,6 +115,10 @@ class Failures(StationCore):
             ask |= took
             outs += effects
         outs += self._relayout(nh)
+        if again:
+            up = self.rank if self.server is not None else self.info.parent
+            if up is not None:
+                outs += self.report_up(Report(again.ranges(), tuple(again_results), epoch=self.epoch), up)
         if took_over:
             outs += self._after_take_over()
         parent = old[self.rank].parent
@@ -295,8 +306,7 @@ class Failures(StationCore):
             if own is not None:
                 returned.remove_ranges(own.held.ranges())  # still this rank's own worker's
             outs.append(Send(info.parent, Report(d.up_done.ranges(), tuple(d.up_results), returned.ranges(),
-                                                 tuple(d.up_failed), d.handed_off.ranges(), epoch=self.epoch,
-                                                 task_max=d.task_max)))
+                                                 tuple(d.up_failed), epoch=self.epoch, task_max=d.task_max)))
             self.retire_server()
             d = None
         if d is not None:
@@ -329,7 +339,10 @@ class Failures(StationCore):
         for r, ch in old.children.items():
             child = new.adopt_child(r, ch.weight, ch.kind)
             child.held = ch.held
-            child.left, child.heard = ch.left, ch.heard
+            child.heard = ch.heard
+            if ch.left and not child.left:
+                child.left = True
+                new._gone(child)
         new.held_total = sum(len(ch.held) for ch in new.children.values())
         # (Not its `settled`: what it passed up went to the master that died; the ledger decides now.)
         new.task_max, new.deaths, new.task_mean = old.task_max, old.deaths, old.task_mean
@@ -338,7 +351,9 @@ class Failures(StationCore):
         for f in old.up_failed:
             new.task_failed(f)
         new.take_back(old.up_returned.ranges())
-        new.carried.add_ranges(old.handed_off.ranges())
+        for r, taken in old.strangers.items():
+            new.strangers[r] = taken
+            new.held_total += len(taken)
         self.retire_server()
 
     def sent(self) -> RangeSet:
@@ -359,7 +374,8 @@ class Failures(StationCore):
             held.add_ranges(d.published().ranges())
             for ch in d.children.values():
                 held.add_ranges(ch.held.ranges())
-            held.add_ranges(d.handed_off.ranges())
+            for taken in d.strangers.values():
+                held.add_ranges(taken.ranges())
             if isinstance(d, Region):
                 held.add_ranges(d.up_done.ranges())
                 held.add_ranges(d.up_returned.ranges())
@@ -385,6 +401,8 @@ class Failures(StationCore):
             question.remove_ranges(d.carried.ranges())
             for ch in d.children.values():
                 question.remove_ranges(ch.held.ranges())
+            for taken in d.strangers.values():
+                question.remove_ranges(taken.ranges())
             for tid in d.ledger.failed:
                 question.remove(tid, tid + 1)
         else:
@@ -394,7 +412,8 @@ class Failures(StationCore):
         lost = recon.lost(question, d.settled, self.lost_seen)
         last = recon.records[-1] if recon.records else None
         where = (last.rank, self.hosts[last.rank] if last.rank < len(self.hosts) else "", last.how) if last else (-1, "", "")
-        n, quarantined = d.requeue_lost(lost, *where)
+        # A dead master's queue was never in flight: its ids count no death toward quarantine.
+        n, quarantined = d.requeue_lost(lost, *where, count=not recon.everything)
         wall = self.wall()
         for record in recon.records:
             self.failures.append(record.closed(n, tuple(quarantined), wall))

@@ -17,7 +17,7 @@ Pure Python: threads, locks and MPI belong to the port's owner.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 from ..ranges import Ranges
 from .events import (
@@ -92,12 +92,16 @@ class Loop:
         port: The rank's way to the world.
         checkpoint_every: The master writes the checkpoint after this many new commits ...
         checkpoint_interval: ... or this many seconds, whichever comes first.
+        timer: A clock for the CPU time of handling one message (the master's planner
+            measures its μ with it while it serves); None: not measured (the simulator
+            tells the planner its service time itself).
     """
 
     def __init__(self, station: Station, port: Port, checkpoint_every: int = 10_000,
-                 checkpoint_interval: float = 2.0) -> None:
+                 checkpoint_interval: float = 2.0, timer: Callable[[], float] | None = None) -> None:
         self.station = station
         self.port = port
+        self.timer = timer
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval = checkpoint_interval
         self.flushed_at = station.clock()
@@ -176,6 +180,7 @@ class Loop:
         """Handle up to ``most`` waiting messages and deaths; return how many."""
         n = 0
         port = self.port
+        timer = self.timer
         while n < most:
             got = port.poll()
             if got is None:
@@ -183,10 +188,16 @@ class Loop:
             n += 1
             if isinstance(got, Died):
                 self.handle(got)
-            else:
-                if isinstance(got[1], Gone):
-                    port.declare_dead(got[1].ranks)
+                continue
+            if isinstance(got[1], Gone):
+                port.declare_dead(got[1].ranks)
+            planner = self.station.planner
+            if timer is None or planner is None:
                 self.handle(Received(got[0], got[1]))
+            else:
+                t0 = timer()
+                self.handle(Received(got[0], got[1]))
+                planner.on_service(timer() - t0)
         return n
 
     def watch(self) -> None:

@@ -86,14 +86,9 @@ class Master(Server):
         if self.mirror:
             self.mirror_failed.append(failure)
 
-    def _handed_off_below(self, ranges: Ranges) -> None:
-        self.carried.add_ranges(ranges)
-
-    def _stranger(self, start: int, stop: int) -> None:
-        self.carried.add(start, stop)
-
     def take_orphan(self, report: Report, now: float) -> None:
         """Completions, given-back ids and failures that arrived under an older plan."""
+        self.busy_below += report.busy
         if report.done:
             self._accept_done(report.done, report.results, now)
         for f in report.failed:
@@ -101,8 +96,6 @@ class Master(Server):
         if report.returned:
             self.carried.remove_ranges(report.returned)
             self.take_back(report.returned)
-        if report.handed_off:
-            self.carried.add_ranges(report.handed_off)
 
     def attach(self, child: Child, held: RangeSet) -> None:
         """Record what a Holding says ``child`` holds, minus what the ledger already records.
@@ -126,15 +119,22 @@ class Master(Server):
 
     @property
     def exhausted(self) -> bool:
-        if self.carried and not self.queue:
-            self._settle_carried()
-        return not (self.queue or self.held_total or self.carried or self.reconciling or self.on_board()
-                    or self._limbo())
+        """Whether the job is over: every id committed or recorded failed (after a stop: nothing out).
+
+        The ledger decides, not the bookkeeping of who holds what: an id run twice after a
+        failure, or reported along an unexpected path, cannot hold the end back.
+        """
+        if self.reconciling:
+            return False
+        if self.stopped:
+            return not (self.queue or self.held_total or self.carried or self.on_board() or self._limbo())
+        led = self.ledger
+        return led.n_committed + len(led.failed) >= led.total
 
     @property
     def abandoned(self) -> bool:
         """Whether every child left the loop early holding nothing: the job ends here, incomplete."""
-        return (bool(self.children) and all(c.left for c in self.children.values()) and not self.held_total
+        return (bool(self.children) and not (self.live[0] or self.live[1]) and not self.held_total
                 and not self.reconciling)
 
     @property

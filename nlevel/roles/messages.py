@@ -7,8 +7,7 @@ way, and the rare control. Task ids travel in payloads as ranges
 its fields (cheap to pickle); the tag says which class it is. Pure Python, no MPI.
 
 * child -> parent :class:`Report`: finished ids (with results), ids given back, tasks
-  that failed, ids its own board gave to a rank that is not its child
-  (``handed_off``), and whether it leaves (it ran its last task early).
+  that failed, and whether it leaves (it ran its last task early).
 * master -> every rank :class:`Regroup` (``--levels auto`` switches the running job to
   another plan, epoch ``epoch``); a rank answers its old parent :class:`Ack` once
   nothing more comes from it under the old plan.
@@ -136,12 +135,12 @@ class Report:
     results: tuple[tuple[int, Result], ...] = ()
     returned: Ranges = ()
     failed: tuple[TaskFailure, ...] = ()
-    handed_off: Ranges = ()
     leaving: bool = False
     epoch: int = 0
     orphan: bool = False  # forwarded straight to the master from an older epoch
     tasks: int = 0  # tasks finished below the sender since its last report
     busy: float = 0.0  # ... and the seconds they took
+    busy_sq: float = 0.0  # ... and the sum of their squares (the planner's variance)
     task_max: float = 0.0  # the longest task seen below the sender (s): the leases follow it
 
 

@@ -11,6 +11,7 @@ from ..stats import RequestTimes
 from .board import CLOSED, Claimer
 from .messages import Report, Result, TaskFailure
 from .server import LEAF, UPPER, Boards, Server, Sizing
+from .worker import staggered
 
 __all__ = ["Region"]
 
@@ -22,7 +23,7 @@ class Region(Server):
         hierarchy, rank, weights, clock, boards, sizing, epoch: As for :class:`Server`.
         parent: The rank it claims from.
         batch: Forward completions once this many are buffered ...
-        batch_age: ... or once the oldest is this many seconds old.
+        batch_age: ... or once the oldest is about this many seconds old (staggered by rank).
     """
 
     def __init__(self, hierarchy: Hierarchy, rank: int, weights: dict[int, int], clock: Callable[[], float],
@@ -32,13 +33,14 @@ class Region(Server):
         self.parent = parent
         self.claimer = Claimer(rank, boards.slots(UPPER), epoch)
         self.batch = batch
-        self.batch_age = batch_age
+        self.batch_age = staggered(batch_age, rank)
         self.up_done = RangeSet()
         self.up_results: list[tuple[int, Result]] = []
         self.up_failed: list[TaskFailure] = []
         self.up_returned = RangeSet()  # ids to give back upward (this region left, or ids it cannot use)
         self.up_tasks = 0
         self.up_busy = 0.0
+        self.up_busy_sq = 0.0
         self.oldest_up = math.inf
         self.parent_final = False
         self.gone = False  # every child left early: the stock went back to the parent
@@ -56,11 +58,18 @@ class Region(Server):
         return len(self.queue) + self.on_board()
 
     def target(self) -> int:
-        """Ids to keep in stock: ``prefetch`` ranges per worker, or a few ticks of the region's consumption."""
+        """Ids to keep in stock: a range for every claimer waiting now, and ``prefetch`` times what the
+        region takes over the horizon (a few of its ticks), so that a claim never waits for a refill.
+
+        Not more: stock held here is stock other regions cannot have, and at the end of a job it
+        is what keeps some ranks busy while others idle (the paper's prefetch is one request).
+        """
         s = self.sizing
+        leaf = self.owners.get(LEAF)
+        waiting = leaf.waiting if leaf is not None else 0
         chunk = self.leaf_chunk(max(1, self.stock()))
-        by_rate = math.ceil(self.rate[LEAF] * s.horizon * 2 * s.prefetch)
-        return max(math.ceil(s.prefetch * chunk * max(1, self.total_weight)), by_rate)
+        by_rate = math.ceil(self.rate[LEAF] * s.horizon * s.prefetch)
+        return max(1, chunk * waiting + by_rate)
 
     def refill(self, now: float) -> None:
         """Claim from the parent's upper board while the stock is under target (a few tickets at most)."""
@@ -101,37 +110,51 @@ class Region(Server):
         if self.oldest_up == math.inf:
             self.oldest_up = self.clock()
 
-    def _handed_off_below(self, ranges: Ranges) -> None:
-        self.handed_off.add_ranges(ranges)
-
     def _after_report(self, report: Report, now: float) -> None:
         self.up_tasks += report.tasks
         self.up_busy += report.busy
+        self.up_busy_sq += report.busy_sq
 
     def everyone_left(self) -> bool:
         """Whether every child has left the loop early."""
-        return bool(self.children) and all(c.left for c in self.children.values())
+        return bool(self.children) and not (self.live[LEAF] or self.live[UPPER])
 
     def flush_due(self, now: float) -> bool:
         """Whether buffered completions should go up now."""
-        if not (self.up_done or self.up_failed or self.up_returned or self.handed_off or self.up_tasks):
+        if not (self.up_done or self.up_failed or self.up_returned or self.up_tasks):
             return False
-        idle = not self.queue and not self.on_board()
-        return (len(self.up_done) >= self.batch or now - self.oldest_up >= self.batch_age or idle
-                or self.parent_final or self.gone)
+        if len(self.up_done) >= self.batch or self.parent_final or self.gone:
+            return True
+        return now >= self.flush_at()
+
+    def flush_at(self) -> float:
+        """When the buffered completions are due by age (inf: nothing buffered)."""
+        if self.oldest_up == math.inf:
+            return math.inf
+        # Waiting for its parent, which had nothing to give: the job may be ending, and the
+        # master may be waiting for exactly these completions. (Merely low on stock is not
+        # that.) Once every child waits too, nothing more is coming from below: send now;
+        # until then gather the children's last reports a little longer, or the master would
+        # handle one flush per child and the region would save it nothing at the end.
+        if self.claimer.ticket < 0 or self.queue or self.on_board():
+            return self.oldest_up + self.batch_age
+        idle = sum(o.waiting for o in self.owners.values())
+        if idle >= self.live[LEAF] + self.live[UPPER]:
+            return self.oldest_up
+        return self.oldest_up + self.batch_age / 8
 
     def flush(self, leaving: bool = False) -> Report:
         """The buffered completions as a report upward (the buffers start anew)."""
         report = Report(self.up_done.ranges(), tuple(self.up_results), self.up_returned.ranges(),
-                        tuple(self.up_failed), self.handed_off.ranges(), leaving, tasks=self.up_tasks,
-                        busy=self.up_busy, task_max=self.task_max)
+                        tuple(self.up_failed), leaving, tasks=self.up_tasks,
+                        busy=self.up_busy, busy_sq=self.up_busy_sq, task_max=self.task_max)
         self.up_done = RangeSet()
         self.up_results = []
         self.up_failed = []
         self.up_returned = RangeSet()
-        self.handed_off = RangeSet()
         self.up_tasks = 0
         self.up_busy = 0.0
+        self.up_busy_sq = 0.0
         self.oldest_up = math.inf
         return report
 
@@ -145,13 +168,13 @@ class Region(Server):
 
     @property
     def exhausted(self) -> bool:
-        return (self.parent_final and not self.queue and not self.on_board() and not self._limbo()
-                and not self.reconciling)
+        """The parent's board is final: the job is over (the master ends it only when every id is
+        committed, so what is still here is a duplicate)."""
+        return self.parent_final and not self.reconciling
 
     @property
     def finished(self) -> bool:
-        """Parent final (or left), nothing held below, nothing left to send up."""
+        """Parent final (or every child left), and nothing left to send up."""
         if not (self.parent_final or self.gone):
             return False
-        return not self.held_total and not self.reconciling and not (
-            self.up_done or self.up_failed or self.up_returned or self.handed_off)
+        return not self.reconciling and not (self.up_done or self.up_failed or self.up_returned)

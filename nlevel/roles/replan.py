@@ -19,17 +19,17 @@ from ..model.hierarchy import build
 from ..model.plan import Plan
 from ..ranges import RangeSet
 from .board import CLOSED
-from .core import StationCore
+from .failures import Failures
 from .events import Effect, Send
-from .messages import Ack, Message, Regroup, Report
+from .messages import Ack, Regroup, Report
 from .master import Master
 from .region import Region
 
 __all__ = ["Replanning"]
 
 
-class Replanning(StationCore):
-    """The plan-changing part of a station."""
+class Replanning(Failures):
+    """The plan-changing part of a station (on top of its failure handling)."""
 
     def switch(self, plan: Plan) -> list[Effect]:
         """The master: move the whole job to ``plan``; return the Regroup messages to send."""
@@ -70,10 +70,11 @@ class Replanning(StationCore):
             d.close_boards(CLOSED, self.clock())
             returned = d.queue.copy()
             returned.add_ranges(d.up_returned.ranges())
-            if d.up_done or returned or d.up_failed or d.handed_off:
+            if d.up_done or returned or d.up_failed or d.up_tasks:
                 outs.append(Send(master, Report(d.up_done.ranges(), tuple(d.up_results), returned.ranges(),
-                                                tuple(d.up_failed), d.handed_off.ranges(), epoch=msg.epoch,
-                                                orphan=True)))
+                                                tuple(d.up_failed), epoch=msg.epoch,
+                                                orphan=True, tasks=d.up_tasks, busy=d.up_busy,
+                                                task_max=d.task_max)))
             waiting = {r for r, c in d.children.items() if r != self.rank and not (c.left and not c.held)}
             if waiting:
                 self.draining[self.epoch] = waiting
@@ -105,9 +106,6 @@ class Replanning(StationCore):
             if not waiting:
                 del self.draining[msg.epoch - 1]
         return []
-
-    def receive(self, src: int, msg: Message) -> list[Effect]:
-        raise NotImplementedError  # (the Station's)
 
     def held_below(self) -> RangeSet:
         """Ids this rank's children hold (for a switch's carried set)."""

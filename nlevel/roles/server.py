@@ -114,6 +114,8 @@ class Server:
         self.children: dict[int, Child] = {}
         self.total_weight = 0
         self.held_total = 0
+        self.live = {LEAF: 0, UPPER: 0}  # children of each board kind still in the loop
+        self.live_weight = {LEAF: 0, UPPER: 0}
         self.owners: dict[int, Owner] = {}
         for r, w in weights.items():
             kind = UPPER if r != rank and hierarchy[r].children else LEAF
@@ -121,6 +123,7 @@ class Server:
         self.unexpected = 0  # ids reported done that the child was not holding
         self.task_mean = 0.0  # mean task time reported from below (s): sizes the ranges
         self.task_max = 0.0  # longest task reported from below (s): leases follow it
+        self.busy_below = 0.0  # seconds of tasks reported from below, in all (the progress line's measured overhead)
         self._tasks_seen = 0
         self.rate: dict[int, float] = {LEAF: 0.0, UPPER: 0.0}  # ids taken per second from each board
         self._rate_at = clock()
@@ -135,13 +138,18 @@ class Server:
         self.timeouts: dict[int, int] = {}  # id -> times a rank holding it ran past --task-timeout
         self.quarantine = 3
         self.reconciling = False
-        self.handed_off = RangeSet()  # ids taken from these boards by ranks that are not children
+        # Ids taken from these boards by ranks that are not children (yet): a rank that learnt of
+        # a failure before this one did and claims from its new parent. Adopted with the child;
+        # requeued if it dies first.
+        self.strangers: dict[int, RangeSet] = {}
 
     # -- children -------------------------------------------------------------------------
     def _add_child(self, rank: int, weight: int, kind: int) -> Child:
         child = self.children[rank] = Child(rank, weight, kind)
         child.heard = self.clock()
         self.total_weight += weight
+        self.live[kind] += 1
+        self.live_weight[kind] += weight
         if kind not in self.owners:
             owner = self.owners[kind] = Owner(self.boards.slots(kind))
             owner.start(self.boards(self.rank, kind), self.epoch)
@@ -149,20 +157,36 @@ class Server:
 
     def drop_child(self, rank: int) -> RangeSet:
         """Forget a dead child; return the ids it held (the caller requeues or reconciles them)."""
-        self.scan(self.clock())
+        self.scan(self.clock(), full=True)
         child = self.children.pop(rank)
         self.held_total -= len(child.held)
         self.total_weight = max(0, self.total_weight - child.weight)
+        if not child.left:
+            self._gone(child)
         return child.held
+
+    def _gone(self, child: Child) -> None:
+        """``child`` claims no more (it left, or died)."""
+        self.live[child.kind] -= 1
+        self.live_weight[child.kind] -= child.weight
 
     def adopt_child(self, rank: int, weight: int, kind: int, held: RangeSet | None = None) -> Child:
         """Take a new child (after a failure re-laid the hierarchy), optionally holding ``held``."""
         child = self.children.get(rank)
         if child is None:
             child = self._add_child(rank, weight, kind)
+        taken = self.strangers.pop(rank, None)
+        if taken:
+            self.held_total += child.held.add_ranges(taken.ranges()) - len(taken)
         if held:
             self.attach(child, held)
         return child
+
+    def drop_stranger(self, rank: int) -> RangeSet:
+        """Forget what a rank that is not a child took here (it died); return those ids."""
+        taken = self.strangers.pop(rank, None) or RangeSet()
+        self.held_total -= len(taken)
+        return taken
 
     def attach(self, child: Child, held: RangeSet) -> None:
         """Record that ``child`` holds ``held`` (from a Holding), minus ids already settled."""
@@ -177,18 +201,22 @@ class Server:
         """A child's subtree changed size."""
         child = self.children[rank]
         self.total_weight += weight - child.weight
+        if not child.left:
+            self.live_weight[child.kind] += weight - child.weight
         child.weight = weight
 
-    def requeue_lost(self, ids: RangeSet, rank: int = -1, host: str = "", how: str = "") -> tuple[int, list[int]]:
+    def requeue_lost(self, ids: RangeSet, rank: int = -1, host: str = "", how: str = "",
+                     count: bool = True) -> tuple[int, list[int]]:
         """Ids held by a process that died: queue them again; return (requeued, quarantined ids).
 
         An id held by ``quarantine`` processes that died is not run again: it is recorded
         failed (a task that kills its process would otherwise kill every rank in turn), with
         kind ``"timeout"`` when a rank holding it ran past ``--task-timeout``, else ``"died"``.
         ``rank``, ``host`` and ``how``: the last death, for that record.
+        ``count=False``: the ids were not in flight (a dead master's queue): no death counts.
         """
         quarantined: list[int] = []
-        if len(ids) <= 100_000:  # (a dead region-master's stock is not counted one by one)
+        if count and len(ids) <= 100_000:  # (a dead region-master's stock is not counted one by one)
             for tid in ids:
                 n = self.deaths[tid] = self.deaths.get(tid, 0) + 1
                 if n >= self.quarantine:
@@ -241,11 +269,11 @@ class Server:
         return late
 
     # -- the boards -----------------------------------------------------------------------
-    def scan(self, now: float) -> None:
-        """Attribute what children took from the boards; take back limbo past its grace."""
+    def scan(self, now: float, full: bool = False) -> None:
+        """Attribute what children took from the boards; take back limbo past its grace (see :meth:`Owner.scan`)."""
         for kind, owner in self.owners.items():
             mem = self.boards(self.rank, kind)
-            owner.scan(mem, now)
+            owner.scan(mem, now, full)
             owner.reclaim(mem, now - LIMBO_GRACE)
             self._settle_owner(owner, kind, now)
 
@@ -257,7 +285,7 @@ class Server:
                 child = children.get(rank)
                 n += 1
                 if child is None:
-                    self._stranger(a, b)  # an old child of an earlier plan, or a stale claimer
+                    self.held_total += self.strangers.setdefault(rank, RangeSet()).add(a, b)
                     continue
                 self.held_total += child.held.add(a, b)  # (a Holding may have named them already)
                 child.heard = now
@@ -317,18 +345,18 @@ class Server:
             owner = self.owners.get(kind)
             if owner is None or owner.flags or not queue:
                 continue
-            claimers = [c for c in self.children.values() if c.kind == kind and not c.left]
+            claimers = self.live[kind]
             if not claimers:
                 continue
             # Enough ranges that every claimer finds one more after taking one, and enough for
             # what the board's claimers take over the horizon (the owner's tick period, a few times).
             if kind == LEAF:
                 size = self.leaf_chunk(available)
-                depth = max(2 * len(claimers), math.ceil(self.rate[LEAF] * self.sizing.horizon / size))
+                depth = max(2 * claimers, math.ceil(self.rate[LEAF] * self.sizing.horizon / size))
             else:
-                weight = max(1, round(sum(c.weight for c in claimers) / len(claimers)))
+                weight = max(1, round(self.live_weight[UPPER] / claimers))
                 size = self.block(available, weight)
-                depth = max(2 * len(claimers), math.ceil(self.rate[UPPER] * self.sizing.horizon / size))
+                depth = max(2 * claimers, math.ceil(self.rate[UPPER] * self.sizing.horizon / size))
             want = min(owner.room(), depth + owner.waiting - owner.unclaimed_slots)
             if want <= 0:
                 continue
@@ -340,7 +368,7 @@ class Server:
         owners = self.owners
         if not owners:
             return
-        live = {k: any(c.kind == k and not c.left for c in self.children.values()) for k in owners}
+        live = {k: self.live[k] > 0 for k in owners}
         starving = not self.queue and any(o.waiting for k, o in owners.items() if live[k])
         for kind, owner in owners.items():
             if owner.flags or not owner.unclaimed_slots:
@@ -361,11 +389,16 @@ class Server:
         self.scan(now)  # what the child took before reporting is attributed first
         child = self.children.get(src)
         if child is None:
-            # Not a child (anymore): its completions still count, its ids are nobody's here.
+            # Not a child (yet, or any more): its completions still count; what it took here is
+            # tracked among the strangers.
             child = Child(src, 0, LEAF)
+            child.held = self.strangers.get(src) or RangeSet()
+        elif report.done and not all(child.held.overlap(a, b) == b - a for a, b in report.done):
+            self.scan(now, full=True)  # a claim the quick look missed (a ticket the ring lapped)
         child.heard = now
         if report.task_max > self.task_max:
             self.task_max = report.task_max
+        self.busy_below += report.busy
         if report.tasks:
             n = self._tasks_seen + report.tasks
             mean = report.busy / report.tasks
@@ -402,12 +435,9 @@ class Server:
             if self.track_settled:
                 self.settled.add(f.id, f.id + 1)
             self.task_failed(f)
-        for a, b in report.handed_off:
-            self.held_total -= child.held.remove(a, b)
-        if report.handed_off:
-            self._handed_off_below(report.handed_off)
-        if report.leaving and src in self.children:
+        if report.leaving and src in self.children and not child.left:
             child.left = True
+            self._gone(child)
         self._after_report(report, now)
 
     # -- what the master and the regions do differently ----------------------------------------
@@ -420,13 +450,6 @@ class Server:
 
     def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
         raise NotImplementedError
-
-    def _handed_off_below(self, ranges: Ranges) -> None:
-        raise NotImplementedError
-
-    def _stranger(self, start: int, stop: int) -> None:
-        """Ids taken from a board here by a rank that is not a child: they are tracked above."""
-        self.handed_off.add(start, stop)
 
     def published(self) -> RangeSet:
         """Ids on the boards, published and not yet attributed to a claimer."""

@@ -19,7 +19,6 @@ from .events import (
     Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Leave, Log, NeedIds, Ran,
     Received, Send, Stop, Tick,
 )
-from .failures import Failures
 from .messages import (
     Ack, BoardOp, BoardReply, Drain, Ending, Gone, Heartbeat, Holding, KillRequest, Message, Mirror, Regroup, Release,
     Report, TimedOut,
@@ -37,7 +36,7 @@ __all__ = ["Station"]
 _ATTEMPTS = 8
 
 
-class Station(Failures, Replanning, Closing, Watching):
+class Station(Replanning, Closing, Watching):
     """The state machines of one rank; see :class:`~nlevel.roles.core.StationCore` for the arguments."""
 
     def handle(self, event: Event) -> list[Effect]:
@@ -54,7 +53,8 @@ class Station(Failures, Replanning, Closing, Watching):
             assert isinstance(event, Ran)
             w = self.worker
             assert w is not None, f"rank {self.rank} runs no tasks"
-            w.ran(event.done, event.results, event.failed, event.tasks, event.busy, event.longest, self.clock())
+            w.ran(event.done, event.results, event.failed, event.tasks, event.busy, event.longest, self.clock(),
+                  event.busy_sq)
             return self.worker_report()
         if kind is NeedIds:
             return self.need_ids()
@@ -92,6 +92,8 @@ class Station(Failures, Replanning, Closing, Watching):
     # -- messages ---------------------------------------------------------------------------
     def receive(self, src: int, msg: Message) -> list[Effect]:
         """A wire message from ``src``."""
+        if self.planner is not None:
+            self.planner.on_message(self.clock())
         if isinstance(msg, Mirror):
             return self.on_mirror(msg)  # (even from a master that died since: its commits stand)
         if isinstance(msg, Gone):
@@ -141,7 +143,7 @@ class Station(Failures, Replanning, Closing, Watching):
             return self.orphan(msg)  # (a stray: this rank serves nobody now)
         now = self.clock()
         if self.planner is not None and isinstance(d, Master) and msg.tasks:
-            self.planner.on_tasks(msg.tasks, msg.busy, now)
+            self.planner.on_tasks(msg.tasks, msg.busy, msg.busy_sq, msg.task_max, now)
         d.on_report(src, msg, now)
         return self.serve()
 
@@ -168,7 +170,7 @@ class Station(Failures, Replanning, Closing, Watching):
             plan = self.planner.tick(self.clock(), ledger.n_committed / max(1, ledger.total), d)
             if plan is not None and plan.min_size() <= self.size:
                 outs += self.switch(plan)
-        outs += self.serve()
+        outs += self.serve(full=True)
         outs += self.worker_report()
         outs += self.lease_kills()
         if self.ft:
@@ -193,7 +195,9 @@ class Station(Failures, Replanning, Closing, Watching):
                 w.state = State.WAIT  # the failure notice will give it a new parent
                 break
             claim = w.refill(self.boards(w.parent, LEAF), self.clock())
-            if w.hand is not None or w.state is State.END or claim is None:
+            # (self.hand, not w.hand: mypy narrowed w.hand to None above, and the compiled
+            # simulator would enforce that narrowing although refill() just set it)
+            if self.hand is not None or w.state is State.END or claim is None:
                 break
             if claim.status == "lost":
                 continue
@@ -201,6 +205,8 @@ class Station(Failures, Replanning, Closing, Watching):
                 outs += self.serve()  # its own board is empty: stock it now, and claim again
                 continue
             break
+        if self.hand is None and w.state is State.RUN:
+            w.state = State.WAIT  # every claim lost its race: nothing to run until the next look
         return outs + self.worker_report()
 
     def leave(self, unstarted: tuple[tuple[int, int], ...]) -> list[Effect]:

@@ -5,7 +5,7 @@ hands them out one per call without entering this module, and reports what ran w
 :meth:`Worker.ran`. When the hand is empty, :meth:`Worker.refill` moves the next range
 from the queue, or claims one from the parent's board (:class:`~nlevel.roles.board.Claimer`).
 Finished ids wait in a batch until it is worth a report (``report_every`` ids, or
-``report_age`` seconds, or at once when this rank has nothing to run: the parent may be
+``report_age`` seconds, or at once when this rank finds nothing to run: the parent may be
 waiting for exactly these to finish the job).
 """
 
@@ -20,7 +20,7 @@ from ..stats import RequestTimes, Summary
 from .board import Claim, Claimer, Memory
 from .messages import Report, Result, TaskFailure
 
-__all__ = ["Worker", "State", "auto_chunk"]
+__all__ = ["Worker", "State", "auto_chunk", "staggered"]
 
 
 class State(str, Enum):
@@ -39,6 +39,15 @@ def auto_chunk(mean_task_s: float, target_s: float, max_chunk: int) -> int:
     return max(1, min(max_chunk, int(target_s / mean_task_s)))
 
 
+def staggered(age: float, rank: int) -> float:
+    """``age`` spread over ``[age / 2, 3 age / 2)`` by rank (the golden-ratio sequence).
+
+    Every rank starts at the same moment; with one batch age they would all report
+    together, every ``age`` seconds, and their parent would take each wave as one burst.
+    """
+    return age * (0.5 + (rank * 0.6180339887498949) % 1.0)
+
+
 class Worker:
     """Ids for one rank's user loop.
 
@@ -47,7 +56,7 @@ class Worker:
         parent: The rank whose leaf board it claims from (itself, for a server that computes).
         slots: Ring size of the parent's leaf board.
         report_every: Report finished ids once this many are batched ...
-        report_age: ... or once the oldest has waited this many seconds.
+        report_age: ... or once the oldest has waited about this many seconds (:func:`staggered` by rank).
         clock: Returns seconds (times the claims).
     """
 
@@ -58,7 +67,7 @@ class Worker:
         self.parent = parent
         self.claimer = Claimer(rank, slots)
         self.report_every = report_every
-        self.report_age = report_age
+        self.report_age = staggered(report_age, rank)
         self.queue = RangeSet()  # claimed, not yet in hand
         self.hand: tuple[int, int] | None = None  # the range the user's loop runs now
         self.done = RangeSet()  # finished, not yet reported
@@ -67,14 +76,15 @@ class Worker:
         self.oldest = math.inf  # when the oldest unreported completion was recorded
         self.state = State.RUN
         self.task_times = Summary(11)
-        self.tasks = 0  # tasks since the last report, and their seconds
+        self.tasks = 0  # tasks since the last report, their seconds, and the sum of their squares
         self.busy = 0.0
-        self.claims = RequestTimes()
+        self.busy_sq = 0.0
+        self.claims: RequestTimes | None = RequestTimes()  # (None: not measured, e.g. in the simulator)
         self.wait_started: float | None = None  # since when the user's loop has been waiting for ids
 
     # -- the user's loop ------------------------------------------------------------------
     def ran(self, done: Ranges, results: tuple[tuple[int, Result], ...], failed: tuple[TaskFailure, ...],
-            tasks: int, busy: float, longest: float, now: float) -> None:
+            tasks: int, busy: float, longest: float, now: float, busy_sq: float = 0.0) -> None:
         """Record what the user's loop finished; the hand shrinks past it."""
         if done:
             self.done.add_ranges(done)
@@ -93,6 +103,7 @@ class Worker:
         if tasks:
             self.tasks += tasks
             self.busy += busy
+            self.busy_sq += busy_sq if busy_sq > 0 else busy * busy / tasks
             if tasks == 1:
                 self.task_times.add(busy)
             else:
@@ -122,7 +133,8 @@ class Worker:
             t1 = clock() if clock is not None else now
             self.hand = (claim.start, claim.stop)
             self.state = State.RUN
-            self.claims.add_parts(t1 - self.wait_started, t1 - t0)
+            if self.claims is not None:
+                self.claims.add_parts(t1 - self.wait_started, t1 - t0)
             self.wait_started = None
         elif status == "final":
             self.state = State.END
@@ -145,21 +157,24 @@ class Worker:
         """Whether the batch of finished ids should go to the parent now."""
         if not (self.done or self.failed or self.tasks):
             return False
-        if self.state is not State.RUN or (self.hand is None and not self.queue):
+        if self.state is not State.RUN:
             return True  # nothing to run here: the parent may wait for these to end the job
+        # While ids keep coming, completions wait for a batch (they are not on the grant path):
+        # a parent's load is its children's reports, not their claims.
         return len(self.done) >= self.report_every or now - self.oldest >= self.report_age
 
     def report(self, now: float, returned: Ranges = (), leaving: bool = False) -> Report:
         """The batch as a report (and the batch starts anew)."""
         times = self.task_times
-        report = Report(self.done.ranges(), tuple(self.results), returned, tuple(self.failed), (), leaving,
-                        tasks=self.tasks, busy=self.busy, task_max=times.hi if times.n else 0.0)
+        report = Report(self.done.ranges(), tuple(self.results), returned, tuple(self.failed), leaving,
+                        tasks=self.tasks, busy=self.busy, busy_sq=self.busy_sq, task_max=times.hi if times.n else 0.0)
         self.done = RangeSet()
         self.results = []
         self.failed = []
         self.oldest = math.inf
         self.tasks = 0
         self.busy = 0.0
+        self.busy_sq = 0.0
         return report
 
     def holding(self) -> RangeSet:

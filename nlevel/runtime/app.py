@@ -14,13 +14,15 @@ that provides:
 * ``finish(ids, values, options)`` (optional): called on rank 0 once every task is
   committed, with all committed results (this run's and resumed ones), e.g. to write
   the app's own output.
-* ``fingerprint(options) -> dict`` (optional, called after ``setup``): what identifies
-  the run for its checkpoint. Default: every app option. Leave out options that only
-  shape the output (so a resume may change them) and add what options do not show
-  (e.g. a digest of an input file's content).
+* ``fingerprint(options) -> dict`` (optional, called after ``setup``): the parameters
+  that change what a task computes (e.g. ``{"seed": options.seed}``, or a digest of an
+  input file's content that the options do not show).
 
-The app's options (and its name) form the fingerprint stored in the checkpoint, so a
-checkpoint is never resumed with other parameters. Pure Python, no MPI.
+A run's identity in its checkpoint is the app's name and ``total``, plus what
+``fingerprint(options)`` returns: a checkpoint is resumed only by a run of the same
+identity. Options that do not define the tasks (output directories, log paths, job ids)
+are left out by default, so they never block a resume; an app whose options change
+what a task computes must name them in ``fingerprint``. Pure Python, no MPI.
 """
 
 from __future__ import annotations
@@ -78,18 +80,21 @@ class App:
         """Run one task."""
         return self.module.do_job(task_id)
 
-    def fingerprint(self, options: argparse.Namespace, default: dict[str, Any]) -> dict[str, Any]:
-        """The app's ``fingerprint(options)`` if it has one, else ``default`` (all its options).
+    def fingerprint(self, options: argparse.Namespace) -> dict[str, Any]:
+        """The app's ``fingerprint(options)``: what defines its tasks beyond its name and total ({} without the hook).
 
         Raises:
-            AppError: when the hook does not return a dict.
+            AppError: when the hook does not return a dict, or uses the reserved key ``app``.
         """
         fn = getattr(self.module, "fingerprint", None)
         if fn is None:
-            return default
+            return {}
         value = fn(options)
         if not isinstance(value, dict):
             raise AppError(f"APP {self.name!r}: fingerprint(options) must return a dict, got {type(value).__name__}")
+        if "app" in value:
+            raise AppError(f"APP {self.name!r}: fingerprint(options) may not use the key 'app' (the app's name is "
+                           f"part of the identity already), got {value!r}")
         return value
 
     @property

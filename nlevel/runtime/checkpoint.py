@@ -31,9 +31,7 @@ removes temporaries left by a killed writer.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
-import json
 import os
 import re
 import threading
@@ -49,11 +47,12 @@ import numpy as np
 import numpy.typing as npt
 
 from nlevel.errors import CheckpointError
+from nlevel.runtime.identity import covers, differences, fingerprint, identity_error, start_over
 from nlevel.roles.ledger import Ledger
 from nlevel.roles.messages import TaskFailure
 
-__all__ = ["FORMAT_VERSION", "RunMeta", "Snapshot", "fingerprint", "load", "read", "write",
-           "Writer"]
+__all__ = ["FORMAT_VERSION", "RunMeta", "Snapshot", "covers", "differences", "fingerprint", "load", "read",
+           "resume", "start_over", "write", "Writer"]  # (covers .. start_over: from nlevel.runtime.identity)
 
 FORMAT_VERSION = 1
 
@@ -118,20 +117,6 @@ class Snapshot:
     def empty() -> Snapshot:
         """Return a snapshot with nothing completed."""
         return Snapshot(np.zeros((0, 2), np.int64), np.zeros(0, np.int64), np.zeros(0))
-
-
-def fingerprint(app: str, params: dict[str, Any]) -> tuple[str, str]:
-    """Hash an app and its parameters.
-
-    Args:
-        app: the application name (e.g. its import path).
-        params: its parameters; values JSON cannot encode are hashed as ``str(value)``.
-
-    Returns:
-        ``(sha256 hex, source)``, source being the canonical JSON (sorted keys) that was hashed.
-    """
-    source = json.dumps({"app": app, "params": params}, sort_keys=True, default=str)
-    return hashlib.sha256(source.encode()).hexdigest(), source
 
 
 def _problem(snap: Snapshot, total: int) -> str | None:
@@ -238,8 +223,7 @@ def _read_failed(rows: np.ndarray) -> tuple[TaskFailure, ...]:
 
 
 def _read(path: Path) -> tuple[RunMeta, Snapshot, dict[str, Any]]:
-    corrupt = (f"checkpoint {path} is corrupt or truncated; run with --fresh to start over "
-               f"(the old file is kept aside)")
+    corrupt = f"checkpoint {path} is corrupt or truncated"
     try:
         is_hdf5 = h5py.is_hdf5(path)
     except OSError as e:
@@ -265,12 +249,12 @@ def _read(path: Path) -> tuple[RunMeta, Snapshot, dict[str, Any]]:
     except CheckpointError:
         raise
     except Exception as e:  # h5py raises OSError, KeyError, ValueError, ... on damage
-        raise CheckpointError(f"{corrupt} ({type(e).__name__}: {e})") from e
+        raise CheckpointError(f"{corrupt} ({type(e).__name__}: {e})", start_over(path)) from e
     problem = _problem(snap, meta.total)
     if problem is None and snap.n_completed != extra["n_completed"]:
         problem = f"n_completed is {extra['n_completed']} but the ranges hold {snap.n_completed}"
     if problem:
-        raise CheckpointError(f"{corrupt} ({problem})")
+        raise CheckpointError(f"{corrupt} ({problem})", start_over(path))
     return meta, snap, extra
 
 
@@ -291,7 +275,26 @@ def read(path: str | os.PathLike[str]) -> tuple[RunMeta, Snapshot, dict[str, Any
 
 
 def load(path: str | os.PathLike[str], meta: RunMeta, *, fresh: bool = False) -> Snapshot:
+    """Validate and read the checkpoint for the run described by `meta` (see :func:`resume`).
+
+    Returns:
+        The stored snapshot, or an empty one if there is no file (or ``fresh``).
+
+    Raises:
+        CheckpointError: as :func:`resume`.
+    """
+    return resume(path, meta, fresh=fresh)[1]
+
+
+def resume(path: str | os.PathLike[str], meta: RunMeta, *, fresh: bool = False) -> tuple[RunMeta, Snapshot]:
     """Validate and read the checkpoint for the run described by `meta`.
+
+    The run may resume the file when the totals agree and the file's identity covers the
+    run's: the same app, and every parameter the run counts (its fingerprint's params)
+    stored with the same value. The file may record more parameters than the run counts
+    (a checkpoint written when the default identity held the whole command line, or an
+    app that has since left an option out of its identity): those never block a resume,
+    and the file keeps its identity (the returned meta carries it, so writes replace it).
 
     Only ``fresh=True`` changes anything on disk besides removing stale temporaries: it
     renames an existing file to ``<path>.<UTC yyyymmddTHHMMSS>[-n].bak`` (with a warning).
@@ -302,12 +305,15 @@ def load(path: str | os.PathLike[str], meta: RunMeta, *, fresh: bool = False) ->
         fresh: start over, keeping any existing file aside.
 
     Returns:
-        The stored snapshot, or an empty one if there is no file (or ``fresh``).
+        ``(meta to write with, snapshot)``: ``meta`` itself, or it with the file's fingerprint
+        when the file records more parameters; the stored snapshot, or an empty one if there
+        is no file (or ``fresh``).
 
     Raises:
         CheckpointError: path is a directory; its directory is missing or unwritable; the
             file is not HDF5, not an nlevel checkpoint, corrupt, of a newer format, or belongs
-            to a run with another fingerprint or total.
+            to a run with another identity (app, parameters) or total. The message names both
+            sides and what differs; its remedies say how to keep the progress or start over.
     """
     p = Path(path)
     if p.is_dir():
@@ -315,21 +321,22 @@ def load(path: str | os.PathLike[str], meta: RunMeta, *, fresh: bool = False) ->
     _check_directory(p)
     _remove_stale_temps(p)
     if not p.exists():
-        return Snapshot.empty()
+        return meta, Snapshot.empty()
     if fresh:
         bak = _move_aside(p)
-        warnings.warn(f"--fresh: moved the existing checkpoint {p} to {bak}", stacklevel=2)
-        return Snapshot.empty()
+        warnings.warn(f"fresh start: moved the existing checkpoint {p} to {bak}", stacklevel=2)
+        return meta, Snapshot.empty()
     stored, snap, _ = _read(p)
     if stored.fingerprint != meta.fingerprint:
-        raise CheckpointError(
-            f"checkpoint {p} belongs to another run: stored fingerprint {stored.fingerprint} "
-            f"of {stored.fingerprint_source}, this run {meta.fingerprint} of "
-            f"{meta.fingerprint_source}; --fresh starts over (the old file is kept aside)")
+        if not covers(stored.fingerprint_source, meta.fingerprint_source):
+            raise identity_error(p, stored.fingerprint_source, meta.fingerprint_source)
+        meta = RunMeta(meta.total, stored.fingerprint, stored.fingerprint_source, meta.plan, meta.version)
     if stored.total != meta.total:
-        raise CheckpointError(f"checkpoint {p} has total {stored.total} task ids, this run "
-                              f"has {meta.total}; --fresh starts over (the old file is kept aside)")
-    return snap
+        raise CheckpointError(
+            f"checkpoint {p} has total {stored.total} task ids, this run has {meta.total}",
+            {api: f"to keep its progress, run with total {stored.total}; {text}"
+             for api, text in start_over(p).items()})
+    return meta, snap
 
 
 def _previous_created(path: Path, meta: RunMeta) -> str | None:

@@ -17,20 +17,13 @@ import traceback
 from typing import Any, Sequence
 
 from .._version import __version__
-from ..config import SETTINGS, Config, parse_setting
-from ..errors import AppError, ConfigError, NlevelError
+from ..config import GROUPS, SETTINGS, Config, parse_setting
+from ..errors import AppError, CheckpointError, ConfigError, NlevelError
 from ..roles.messages import TaskFailure
 from .app import App, load_app
 from . import signals
 
 __all__ = ["main", "build_parser"]
-
-_HIERARCHY = ("levels", "regions", "prefetch", "chunk", "serve_only")
-
-
-def _setting_flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
 
 def build_parser(app: App | None = None) -> argparse.ArgumentParser:
     """Return the parser of nlevel's options, plus the app's own options when ``app`` is given."""
@@ -44,27 +37,22 @@ def build_parser(app: App | None = None) -> argparse.ArgumentParser:
     p.add_argument("app", nargs="?", metavar="APP", help="module name or .py file (default: built-in micro benchmark)")
     p.add_argument("--version", action="version", version=f"nlevel {__version__}")
     run = p.add_argument_group("run")
-    run.add_argument("--checkpoint", metavar="FILE.h5", help="HDF5 checkpoint: completed tasks are never run again")
+    run.add_argument("--checkpoint", metavar="FILE.h5", help="HDF5 checkpoint: completed tasks are never run again "
+                     "(python -m nlevel.status FILE.h5 shows how the run stands, while it runs or after)")
     run.add_argument(
-        "--fresh", action="store_true", help="ignore the checkpoint's progress and start over (old file kept as .bak)"
+        "--fresh", action="store_true",
+        help="ignore the checkpoint's progress and start over (the old file is renamed FILE.h5.<UTC time>.bak)"
     )
     run.add_argument(
         "--report", metavar="FILE", default="nlevel-report.json", help="JSON report path (default nlevel-report.json; '' for none)"
     )
     run.add_argument("--quiet", action="store_true", help="no progress display and no summary")
-    groups = {
-        "hierarchy": p.add_argument_group("hierarchy"),
-        "tuning": p.add_argument_group("tuning"),
-    }
-    defaults = Config()
-    for name, (unit, help_text) in SETTINGS.items():
-        if name == "progress":
+    groups = {key: p.add_argument_group(title) for key, title in GROUPS.items()}
+    for s in SETTINGS.values():
+        if not s.cli:
             continue
-        default = getattr(defaults, name)
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else "none" if default is None else default
-        suffix = f" [default {shown if shown != '' else 'auto'}{' ' + unit if unit and shown != '' else ''}]"
-        groups["hierarchy" if name in _HIERARCHY else "tuning"].add_argument(
-            _setting_flag(name), dest=name, metavar=name.upper(), help=help_text + suffix
+        groups[s.group].add_argument(
+            s.flag, dest=s.name, metavar=s.name.upper(), help=f"{s.help} [default {s.show()}; {s.env}]"
         )
     if app is not None:
         group = p.add_argument_group(f"{app.name} options")
@@ -137,9 +125,9 @@ def _prepare(argv: Sequence[str] | None) -> tuple[App, argparse.Namespace, int, 
     argv = args
     options = build_parser(app).parse_args(argv)
     overrides = {
-        name: parse_setting(name, getattr(options, name), source=_setting_flag(name))
-        for name in SETTINGS
-        if getattr(options, name, None) is not None
+        s.name: parse_setting(s.name, getattr(options, s.name), source=s.flag)
+        for s in SETTINGS.values()
+        if getattr(options, s.name, None) is not None
     }
     config = Config.from_env(**overrides, progress=not options.quiet)
     check_report_path(options.report, options.checkpoint)
@@ -148,6 +136,11 @@ def _prepare(argv: Sequence[str] | None) -> tuple[App, argparse.Namespace, int, 
     except (ValueError, TypeError) as exc:
         raise AppError(f"APP {app.name!r} rejected its options: {exc}") from exc
     return app, options, app.total(options), config
+
+
+def _say(exc: NlevelError) -> str:
+    """An error as this command shows it: a checkpoint's remedy names --fresh, not a script's options."""
+    return exc.explain("run") if isinstance(exc, CheckpointError) else str(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,8 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem: str | None = None
     try:
         app, options, total, config = _prepare(argv)
+        fingerprint = {"app": app.name, **app.fingerprint(options)}
     except NlevelError as exc:
-        problem = str(exc)
+        problem = _say(exc)
     # Every rank parsed the same argv; agree before any farm collective so none hangs.
     problems = world.allgather(problem)
     first = next((p for p in problems if p), None)
@@ -171,7 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nlevel: error: {first}", file=sys.stderr, flush=True)
         return 2
 
-    fingerprint = {"app": app.name, **app.fingerprint(options, _app_options(app, options))}
     farm: Any = None
     status = 0
     try:
@@ -199,10 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if farm is None:  # the farm refused its input: the same error on every rank
             status = 2
             if rank == 0:
-                print(f"nlevel: error: {exc}", file=sys.stderr, flush=True)
+                print(f"nlevel: error: {_say(exc)}", file=sys.stderr, flush=True)
         else:  # the run happened but its end failed (e.g. the last checkpoint write)
             status = 1
-            print(f"nlevel: error: {exc}", file=sys.stderr, flush=True)
+            print(f"nlevel: error: {_say(exc)}", file=sys.stderr, flush=True)
     if farm is not None and farm.report is not None:  # the master (rank 0 unless it died)
         report = farm.report
         report["app"] = {"name": app.name, "options": _app_options(app, options), "argv": list(argv or sys.argv[1:])}

@@ -30,12 +30,12 @@ from ..roles.station import Station
 from ..roles.core import TIMELINE_BIN
 from ..roles.region import Region
 from . import checkpoint as ckpt
-from . import control, signals, window
+from . import control, machine, signals, window
 from .rank import MpiPort, Runner, clock
 from .report import build_report, merge_stats, timeline
 from .transport import Transport, world
 
-__all__ = ["FarmRuntime", "default_app"]
+__all__ = ["FarmRuntime", "default_app", "identity"]
 
 _WINDOW, _SELF_TEST = 4, 8
 
@@ -45,6 +45,26 @@ def default_app() -> str:
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     return os.path.basename(path) if path else "<interactive>"
+
+
+def identity(fingerprint: Any) -> tuple[str, dict[str, Any]]:
+    """``(app, params)`` of a run from the ``fingerprint`` a user gave (see :class:`~nlevel.api.Farm`).
+
+    None: the script's file name and no parameters; a string: that app name; a dict: its
+    ``"app"`` (default: the script's file name) and the rest as parameters.
+
+    Raises:
+        ConfigError: for anything else, naming it.
+    """
+    if fingerprint is None:
+        return default_app(), {}
+    if isinstance(fingerprint, str):
+        return fingerprint, {}
+    if isinstance(fingerprint, dict):
+        params = {str(k): v for k, v in fingerprint.items() if k != "app"}
+        return str(fingerprint.get("app", default_app())), params
+    raise ConfigError(f"fingerprint must be None, a name or a dict of the parameters that define the tasks, "
+                      f"got {fingerprint!r} ({type(fingerprint).__name__})")
 
 
 def _check_total(total: Any) -> str | None:
@@ -135,15 +155,22 @@ class FarmRuntime:
         ledger = self._ledger if self.rank == 0 else None
         self.station = Station(self.hierarchy, self.rank, cfg, clock, self.boards, self.total, ledger, self.width)
         self.port = MpiPort(t, cfg, path, meta, self.writer, self.width)
-        self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval)
+        self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval,
+                         timer=time.perf_counter)
         self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided")
         self.progress: Any = None
+        self.recorder: Any = None
         if self.rank == 0 and cfg.progress:
             from .progress import Progress
 
             led = self._ledger
             self.progress = Progress(self.total, lambda: led.n_committed, plan.describe(),
-                                     cfg.progress_interval, led.resumed)
+                                     cfg.progress_interval, led.resumed, state=self._model)
+        if self.rank == 0 and path is not None:  # what python -m nlevel.status shows while the job runs
+            from .status import Recorder
+
+            self.recorder = Recorder(path, self.live, interval=max(1.0, cfg.checkpoint_interval))
+            self.recorder.start()
         if self.grants_note and self.rank == 0:
             sys.stderr.write(f"nlevel: {self.grants_note}\n")
         self.runner.start()
@@ -160,17 +187,16 @@ class FarmRuntime:
         path = os.fspath(checkpoint) if checkpoint is not None else None
         snap = ckpt.Snapshot.empty()
         meta = None
+        app, params = identity(fingerprint)  # (checked with or without a checkpoint)
         if path is not None:
-            if fingerprint is None:
-                fingerprint = {"app": default_app()}
-            if isinstance(fingerprint, str):
-                fingerprint = {"app": fingerprint}
-            params = {k: v for k, v in fingerprint.items() if k != "app"}
             if self.result_fields is not None:
                 params["result_fields"] = list(self.result_fields)  # the results' width is part of the run
-            fp, source = ckpt.fingerprint(str(fingerprint.get("app")), params)
+            fp, source = ckpt.fingerprint(app, params)
             meta = ckpt.RunMeta(total, fp, source, plan.to_json(), __version__)
-            snap = ckpt.load(path, meta, fresh=fresh)
+            meta, snap = ckpt.resume(path, meta, fresh=fresh)
+            if meta.fingerprint != fp:  # the file records more than this run counts: say so, once
+                sys.stderr.write(f"nlevel: resuming {path}: it also records {meta.fingerprint_source}; "
+                                 f"this run counts only {source}, so the rest does not block a resume\n")
             self.writer = ckpt.Writer(path, meta)
             os.makedirs(control.control_dir(path), exist_ok=True)  # operators' requests (python -m nlevel.drain)
         self._ledger = snap.ledger(total, self.width)
@@ -210,6 +236,17 @@ class FarmRuntime:
         return window.MessageBoards(t, self.rank, slots, cfg.poll_max, lambda: t.failed), \
             f"one-sided operations do not work here ({problem or 'see the message above'}); falling back to " \
             f"two-sided grants (messages to each server)"
+
+    def _model(self) -> dict[str, Any]:
+        from .progress import model_state
+
+        return model_state(self.station, self.size, clock() - self.t0)
+
+    def live(self) -> dict[str, Any]:
+        """Rank 0: the job's state now (for the status record), read without locks from another thread."""
+        led = self._ledger
+        return {"committed": led.n_committed, "total": self.total, "resumed": led.resumed, "size": self.size,
+                **self._model()}
 
     # -- the user's loop --------------------------------------------------------------------
     def next_range(self, ran: Ran | None) -> tuple[int, int] | None:
@@ -273,6 +310,8 @@ class FarmRuntime:
             self.report = self._report(rows, totals, ledger)
             if error is not None:
                 self.report["checkpoint_error"] = str(error)
+        if self.recorder is not None:
+            self.recorder.close(finished=True, complete=bool(self.report and self.report.get("complete")))
         signals.quiet()  # the job is over here: a late SIGUSR1 must not kill the process while it ends
         if self.report is not None and self.exit_code is not None:
             self.exit_code = 0 if self.report["complete"] else 1
@@ -299,9 +338,9 @@ class FarmRuntime:
             "served": st.served,
         }
         requests: dict[int, Any] = {}
-        if w is not None and w.claims.total.n and w.parent != self.rank:
+        if w is not None and w.claims is not None and w.claims.total.n and w.parent != self.rank:
             requests[info.level] = w.claims  # its claims on its parent's board, one level up
-        elif w is not None and w.claims.total.n and info.level == 0:
+        elif w is not None and w.claims is not None and w.claims.total.n and info.level == 0:
             requests[info.level + 1] = w.claims  # the master's own loop claims from its own board
         if isinstance(d, Region) and d.requests.total.n:
             requests.setdefault(info.level, d.requests)
@@ -311,6 +350,7 @@ class FarmRuntime:
             "unexpected": d.unexpected if d is not None else 0,
             "failures": [f.to_dict() for f in st.failures],
             "timeline": {self.rank: dict(st.served_bins)} if st.served_bins else {},
+            "hosts": machine.here(),  # ranks and cores per node: the summary explains an oversubscribed run
         }
         return row, merged
 

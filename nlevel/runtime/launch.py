@@ -1,4 +1,8 @@
-"""``nlevel-mpiexec -n N COMMAND...``: mpiexec with the settings a workstation needs, applied for you.
+"""``nlevel-mpiexec [-n N] COMMAND...``: mpiexec with the settings a workstation needs, applied for you.
+
+Without ``-n`` (and without a host list) it starts one process per core this machine lets
+it use (affinity, container quota, Slurm allocation): more processes than cores make ranks
+take turns on a core, which shows up as overhead.
 
 On a laptop or a small VM, Open MPI needs three things a new user should not have
 to know: permission to run as root (containers), ``--oversubscribe`` when asking for
@@ -19,6 +23,8 @@ import subprocess
 import sys
 from typing import Sequence
 
+from .machine import usable_cores
+
 __all__ = ["main", "build_command"]
 
 # mpiexec options that take a value (so the command's start can be found).
@@ -27,6 +33,7 @@ _WITH_VALUE = {
     "--host", "-H", "--hostfile", "--machinefile", "--output", "--pmixmca", "--prtemca", "--wdir", "--timeout",
 }
 _WITH_TWO_VALUES = {"--mca", "-mca", "--gmca"}
+_HOSTS = {"--host", "-H", "--hostfile", "--machinefile"}
 
 
 def find_mpiexec() -> str:
@@ -68,7 +75,7 @@ def _split(args: Sequence[str]) -> tuple[list[str], list[str], int | None]:
         if not a.startswith("-"):
             break
         take = 3 if a in _WITH_TWO_VALUES else 2 if a in _WITH_VALUE else 1
-        if a in ("-n", "-np", "--np", "--n") and i + 1 < len(args):
+        if a in ("-n", "-np", "--np", "--n", "-c") and i + 1 < len(args):
             try:
                 n = int(args[i + 1])
             except ValueError:
@@ -85,10 +92,13 @@ def build_command(
     mpiexec = find_mpiexec()
     opts, command, n = _split(args)
     if not command:
-        raise SystemExit("nlevel-mpiexec: error: no command given; usage: nlevel-mpiexec -n N python -m nlevel.run [...]")
+        raise SystemExit("nlevel-mpiexec: error: no command given; usage: nlevel-mpiexec [-n N] python -m nlevel.run [...]")
     if command[0] in ("python", "python3"):
         command[0] = sys.executable
-    cores = cores if cores is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    cores = cores if cores is not None else usable_cores()
+    if n is None and not any(o in _HOSTS for o in opts):
+        n = cores  # one process per core; on several hosts mpiexec's own default (their slots) is better
+        opts = ["-n", str(n), *opts]
     root = root if root is not None else (hasattr(os, "geteuid") and os.geteuid() == 0)
     open_mpi = open_mpi if open_mpi is not None else is_open_mpi(mpiexec)
     env: dict[str, str] = {}
@@ -120,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = [a for a in args if a != "--dry-run"]
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
-        print("usage: nlevel-mpiexec [--dry-run] -n N [mpiexec options] COMMAND [ARGS...]")
+        print("usage: nlevel-mpiexec [--dry-run] [-n N] [mpiexec options] COMMAND [ARGS...]")
         return 0
     try:
         cmd, env = build_command(args)

@@ -16,7 +16,7 @@ import argparse
 import random
 import time
 
-__all__ = ["add_arguments", "setup", "total", "do_job", "duration"]
+__all__ = ["add_arguments", "setup", "total", "fingerprint", "do_job", "duration"]
 
 _opts = argparse.Namespace(tasks=2000, task_min=2.0, task_spread=3.0, busy=False, seed=0)
 
@@ -49,6 +49,11 @@ def setup(options: argparse.Namespace) -> None:
 def total(options: argparse.Namespace) -> int:
     """Return the number of tasks."""
     return int(options.tasks)
+
+
+def fingerprint(options: argparse.Namespace) -> dict[str, object]:
+    """What defines the tasks beside their number: their durations (``--busy`` only changes how they wait)."""
+    return {"task_min": options.task_min, "task_spread": options.task_spread, "seed": options.seed}
 
 
 def duration(task_id: int) -> float:

@@ -13,8 +13,9 @@ from ..config import Config
 from ..model.hierarchy import Hierarchy
 from ..roles.ledger import Ledger
 from ..stats import RequestTimes, Summary
+from . import machine
 
-__all__ = ["build_report", "merge_stats", "write_json", "format_summary"]
+__all__ = ["build_report", "merge_stats", "write_json", "format_summary", "oversubscription_note"]
 
 def _level_name(level: int, levels: int) -> str:
     if level == 0:
@@ -38,6 +39,7 @@ def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "unexpected": a["unexpected"] + b["unexpected"],
         "failures": a.get("failures", []) + b.get("failures", []),
         "timeline": {**a.get("timeline", {}), **b.get("timeline", {})},
+        "hosts": machine.merge(a.get("hosts", {}), b.get("hosts", {})),
     }
 
 
@@ -112,6 +114,7 @@ def build_report(
             _level_name(level, levels): {"level": level, **rt.to_dict()} for level, rt in sorted(by_level.items())
         },
         "per_rank": per_rank if size <= 4096 else [],
+        "placement": machine.placement(totals["hosts"]) if totals.get("hosts") else None,
         "checkpoint": None,
     }
     if checkpoint is not None:
@@ -143,6 +146,24 @@ def write_json(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
         raise
 
 
+def oversubscription_note(placement: dict[str, Any] | None) -> str:
+    """One line saying why the overhead is high when ranks outnumber cores ("" when they do not)."""
+    over = (placement or {}).get("oversubscribed") or []
+    if not over:
+        return ""
+    if (placement or {}).get("nodes", 1) == 1:
+        r = over[0]
+        where = f"{r['ranks']} processes on {r['cores']} core{'s' if r['cores'] != 1 else ''} ({r['host']})"
+        fix = f"run -n {r['cores']} (one process per core)"
+    else:
+        r = max(over, key=lambda x: x["ranks"] / x["cores"])
+        where = (f"more processes than cores on {len(over)} of {placement['nodes']} nodes "  # type: ignore[index]
+                 f"(e.g. {r['host']}: {r['ranks']} on {r['cores']})")
+        fix = "place at most one process per core"
+    return (f"note: {where}: oversubscribed, so processes wait for a core and the overhead counts that wait, "
+            f"not only nlevel's cost; {fix} to measure it")
+
+
 def format_summary(report: dict[str, Any]) -> str:
     """Return the few lines printed at the end of ``python -m nlevel.run``."""
     tasks = report["tasks"]
@@ -170,6 +191,9 @@ def format_summary(report: dict[str, Any]) -> str:
             f"  task time: mean {tasks['mean']:.3f} ms, p50 {tasks['p50']:.3f}, p99 {tasks['p99']:.3f}, "
             f"max {tasks['max']:.3f} ms; overhead {100 * report['overhead']:.1f}% of {report['size']} x wall"
         )
+    note = oversubscription_note(report.get("placement"))
+    if note:
+        lines.append(f"  {note}")
     for name, parts in report["requests"].items():
         if parts["total"].get("count"):
             lines.append(

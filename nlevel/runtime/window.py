@@ -51,6 +51,11 @@ class WindowMemory:
         self.win.Flush(self.target)
         return int(self._res[0])
 
+    def get(self, index: int) -> int:
+        self.win.Fetch_and_op(self._one, self._res, self.target, self.base + index, MPI.NO_OP)
+        self.win.Flush(self.target)
+        return int(self._res[0])
+
     def read(self, index: int, count: int) -> np.ndarray:
         out = np.empty(count, np.int64)
         if count == 1:
@@ -63,6 +68,11 @@ class WindowMemory:
     def write(self, index: int, values: np.ndarray) -> None:
         values = np.ascontiguousarray(values, np.int64)
         self.win.Accumulate(values, self.target, (self.base + index, len(values), MPI.INT64_T), MPI.REPLACE)
+        self.win.Flush(self.target)
+
+    def put(self, index: int, value: int) -> None:
+        self._one[0] = value
+        self.win.Accumulate(self._one, self.target, (self.base + index, 1, MPI.INT64_T), MPI.REPLACE)
         self.win.Flush(self.target)
 
     def cas(self, index: int, expected: int, new: int) -> int:
@@ -161,10 +171,16 @@ class RemoteMemory:
     def fetch_add(self, index: int, n: int) -> int:
         return self._op("fetch_add", index, n)[0]
 
+    def get(self, index: int) -> int:
+        return self._op("read", index, 1)[0]
+
     def read(self, index: int, count: int) -> np.ndarray:
         return np.array(self._op("read", index, count), np.int64)
 
     def write(self, index: int, values: np.ndarray) -> None:
+        raise RuntimeError("only a board's owner writes it")
+
+    def put(self, index: int, value: int) -> None:
         raise RuntimeError("only a board's owner writes it")
 
     def cas(self, index: int, expected: int, new: int) -> int:

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..config import Config
+from ..model.plan import Plan
 from ..errors import ConfigError, NlevelError
 from .build import BuildUnavailable, build, compiled
 from .model import SimReport, default_times, make_durations, parse_plan, parse_task_time, read_task_times, simulate
@@ -48,17 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--plan",
         default="classic",
-        help="classic (default), auto (the queueing model's choice), or e.g. levels=3,regions=128[,prefetch=2,"
+        help="classic (default), auto (the job starts as a real --levels auto job and the in-job planner "
+        "samples, decides and switches in simulated time), or e.g. levels=3,regions=128[,prefetch=2,"
         "chunk=1,serve_only=none]",
     )
     p.add_argument(
-        "--chunk", type=int, default=1, help="ids per slave request unless the plan sets chunk= (default 1, as in the "
-        "paper; 0 = nlevel's automatic chunks)"
+        "--chunk", type=int, default=None, help="ids per slave request unless the plan sets chunk= (default: 1 for a "
+        "given plan, as in the paper; under --plan auto the planner's choice; 0 = nlevel's automatic chunks)"
     )
     p.add_argument("--threshold", type=float, default=0.10, metavar="C", help="--plan auto: overhead threshold (default 0.10)")
     p.add_argument("--service-time", type=float, metavar="S", help="seconds a server spends per message (default: calibration)")
     p.add_argument("--msg-time", type=float, metavar="S", help="one-way message seconds (default: calibration)")
-    p.add_argument("--gil-delay", type=float, default=0.0, metavar="S", help="extra seconds per handling while the server computes")
+    p.add_argument("--atomic-time", type=float, default=1e-6, metavar="S",
+                   help="seconds of one one-sided operation as its origin sees it (default 1e-6)")
+    p.add_argument("--atomic-service", type=float, default=2e-7, metavar="S",
+                   help="seconds each one-sided operation occupies the board owner's memory (default 2e-7)")
     p.add_argument(
         "--startup", type=float, default=0.0, metavar="S", help="fixed seconds of set-up and tear-down (default 0)"
     )
@@ -86,7 +91,7 @@ def run(options: argparse.Namespace) -> SimReport:
         raise ConfigError(f"--tasks must be an integer >= 1, got {options.tasks}")
     if options.tasks is None and options.tasks_per_proc < 1:
         raise ConfigError(f"--tasks-per-proc must be an integer >= 1, got {options.tasks_per_proc}")
-    if options.chunk < 0:
+    if options.chunk is not None and options.chunk < 0:
         raise ConfigError(f"--chunk must be an integer >= 0 (0 = automatic), got {options.chunk}")
     tasks = options.tasks if options.tasks is not None else options.procs * options.tasks_per_proc
     if options.task_times_file is not None:
@@ -96,11 +101,10 @@ def run(options: argparse.Namespace) -> SimReport:
         tt: dict[str, Any] = {
             "kind": "file", "path": options.task_times_file, "samples": len(samples), "mean": float(arr.mean())
         }
-        mean, spread = float(arr.mean()), float(arr.std())
     else:
         lo, hi = parse_task_time(options.task_time)
         durations = make_durations(tasks, task_time=(lo, hi), seed=options.seed)
-        mean, spread = (lo + hi) / 2, hi - lo
+        mean = (lo + hi) / 2
         tt = {"kind": "constant" if lo == hi else "uniform", "lo": lo, "hi": hi, "mean": mean}
     tt["seed"] = options.seed
     service, msg, source = default_times()
@@ -112,31 +116,30 @@ def run(options: argparse.Namespace) -> SimReport:
         raise ConfigError(f"--service-time must be > 0 s, got {service}")
     if not (math.isfinite(msg) and msg >= 0):
         raise ConfigError(f"--msg-time must be >= 0 s, got {msg}")
-    for flag, v in (("--gil-delay", options.gil_delay), ("--startup", options.startup)):
+    for flag, v in (("--atomic-time", options.atomic_time), ("--atomic-service", options.atomic_service),
+                    ("--startup", options.startup)):
         if not (math.isfinite(v) and v >= 0):
             raise ConfigError(f"{flag} must be >= 0 s, got {v}")
-    plan, predicted = parse_plan(
-        options.plan,
-        options.procs,
-        options.chunk,
-        task_time=mean,
-        task_time_spread=spread,
-        service_time=service,
-        msg_time=msg,
-        threshold=options.threshold,
-    )
-    config = Config() if options.batch_age is None else Config(batch_age=options.batch_age)
+    config = Config(threshold=options.threshold)
+    if options.batch_age is not None:
+        config = config.with_(batch_age=options.batch_age)
+    plan: Plan | None = None
+    if options.plan.strip() == "auto":
+        if options.chunk is not None:
+            config = config.with_(chunk=options.chunk)
+    else:
+        plan = parse_plan(options.plan, options.procs, 1 if options.chunk is None else options.chunk)
     return simulate(
         options.procs,
         plan,
         durations,
         service,
         msg,
-        gil_delay=options.gil_delay,
+        atomic_time=options.atomic_time,
+        atomic_service=options.atomic_service,
         startup=options.startup,
         config=config,
         times_source=source,
-        predicted_overhead=predicted,
         task_time=tt,
     )
 

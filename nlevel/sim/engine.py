@@ -1,63 +1,154 @@
-"""The event engine of :mod:`nlevel.sim`: one :class:`~nlevel.roles.station.Station` per rank, timed.
+"""The event engine of :mod:`nlevel.sim`: every rank's :class:`~nlevel.roles.loop.Loop`, in simulated time.
 
-The runtime (:mod:`nlevel.runtime.node`) and the role tests drive the same Stations; this
-module only decides *when* each Station call happens (see :mod:`nlevel.sim.model` for the
-timing model). Pure Python, no MPI.
+The engine decides *when* each loop step happens and what it costs; the logic is the
+roles' own (the same Station, Loop and boards the MPI runtime runs). Events:
 
-The engine's own work is a small part of a simulated task (most of the time goes to
-the Stations themselves); it is kept small by merging three event sources by time
-instead of pushing every event through one heap:
+* a worker's **runtime entry** (its range ended, or it was woken while waiting): what
+  ran is reported (:class:`~nlevel.roles.events.Ran`), the next range claimed
+  (:class:`~nlevel.roles.events.NeedIds`): the claim's one-sided operations cost
+  ``atomic_time`` each, plus queueing at the board owner's memory (``atomic_service``
+  per operation); the range then runs for the sum of its tasks' durations. A slave
+  hears its messages (plan changes) only here, as the runtime's do.
+* a message's **arrival** at a server: handled in arrival order, ``service_time`` each,
+  on the server's own CPU (its thread; its own tasks run beside it);
+* a server's **tick**, when something needs one: a claimer found its board empty
+  (noticed within ``detect`` seconds), batched completions reached their age, the
+  planner's sampling window ended.
 
-* messages: every message takes the same ``msg_time`` and is sent at the current
-  simulated time, which never decreases, so messages in flight arrive in the order
-  they were sent: one FIFO (a deque) holds them all;
-* server handlings: a server starts handling a message "now" and every handling
-  lasts ``service_time``, so handling ends are also in time order: a second deque
-  (one entry per server that is busy, its queue of waiting messages kept apart);
-* a heap of times for what varies: task ends, batch-age ticks, and handlings
-  lengthened by the optional GIL delay. The heap holds bare floats (32,768 tasks in
-  flight make tuple comparisons the engine's largest cost); a dict maps each time to
-  what happens then, ``kind * size + rank`` (a list in the rare case of a tie), so ties
-  still go in ``(kind, rank)`` order.
+A claimer that finds nothing published waits without polling in the simulation: it is
+woken ``poll`` seconds after its board changes (the runtime's back-off, on average).
+Pure Python + numpy.
 """
 
 from __future__ import annotations
 
-import gc
 import heapq
 import math
-from collections import deque
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Sequence
+from typing import Any, Sequence
+
+import numpy as np
 
 from ..config import Config
-from ..errors import ConfigError, SimStalled
+from ..errors import SimStalled
 from ..model.hierarchy import Hierarchy
-from ..roles.dispatch import Region
+from ..roles.board import LocalMemory
+from ..roles.events import DrainRequest, NeedIds, Ran, Received, Tick
 from ..roles.ledger import Ledger
-from ..roles.messages import Grant, Message
+from ..roles.loop import Loop
+from ..roles.messages import Message
+from ..roles.region import Region
 from ..roles.station import Station
-from ..roles.worker import WAIT
-from ..stats import PARTS, RequestTimes, Summary
+from ..stats import RequestTimes, Summary
 
-__all__ = ["SimClock", "EngineResult", "Engine", "SimStalled", "LeanSummary"]
+__all__ = ["Costs", "SimBoards", "EngineResult", "Engine", "SimStalled"]
 
-_INF = math.inf
-# Heap entry kinds; at equal times a handling end goes first, then task ends, then ticks.
-_SERVE, _TASK, _TICK = 0, 1, 2
+_ENTRY, _ARRIVE, _HANDLE, _TICK = 0, 1, 2, 3
 
 
-class SimClock:
-    """The simulated time, shared by every Station: the engine sets ``t`` before each call."""
+@dataclass(frozen=True)
+class Costs:
+    """The timing model's inputs (seconds).
 
-    __slots__ = ("t",)
+    Attributes:
+        msg_time: One message, one way.
+        service_time: A server's CPU per message handled, and per tick.
+        atomic_time: One one-sided operation as its origin sees it (a round trip).
+        atomic_service: The target's time per one-sided operation (they queue there).
+        poll: A waiting claimer notices a change of its board this long after it (its back-off).
+        detect: An idle server notices a claimer waiting on its board this long after.
+    """
 
-    def __init__(self) -> None:
-        self.t = 0.0
+    msg_time: float
+    service_time: float
+    atomic_time: float = 1e-6
+    atomic_service: float = 2e-7
+    poll: float = 5e-5
+    detect: float = 1e-3
 
-    def __call__(self) -> float:
-        return self.t
+
+class _Counting(LocalMemory):
+    """A board in local memory that counts the operations made on it (the engine charges them)."""
+
+    def __init__(self, slots: int, sink: list[int]) -> None:
+        super().__init__(slots)
+        self.sink = sink
+
+    def fetch_add(self, index: int, n: int) -> int:
+        self.sink[0] += 1
+        return super().fetch_add(index, n)
+
+    def get(self, index: int) -> int:
+        self.sink[0] += 1
+        return self.words[index]
+
+    def read(self, index: int, count: int) -> np.ndarray:
+        self.sink[0] += 1
+        return super().read(index, count)
+
+    def write(self, index: int, values: np.ndarray) -> None:
+        self.sink[0] += 1
+        super().write(index, values)
+
+    def put(self, index: int, value: int) -> None:
+        self.sink[0] += 1
+        self.words[index] = value
+
+    def cas(self, index: int, expected: int, new: int) -> int:
+        self.sink[0] += 1
+        return super().cas(index, expected, new)
+
+
+class SimBoards:
+    """Every rank's boards, made on first use, each counting operations into a shared sink."""
+
+    def __init__(self, slots: tuple[int, int]) -> None:
+        self._slots = slots
+        self._mem: dict[tuple[int, int], _Counting] = {}
+        self.sink = [0]
+
+    def __call__(self, rank: int, kind: int) -> _Counting:
+        mem = self._mem.get((rank, kind))
+        if mem is None:
+            mem = self._mem[(rank, kind)] = _Counting(self._slots[kind], self.sink)
+        return mem
+
+    def slots(self, kind: int) -> int:
+        return self._slots[kind]
+
+
+class _Port:
+    """The loop's port in the simulation: messages go to the engine's outbox; nothing else happens."""
+
+    def __init__(self, outbox: list[tuple[int, Message]]) -> None:
+        self.outbox = outbox
+
+    def send(self, dest: int, msg: Message) -> None:
+        self.outbox.append((dest, msg))
+
+    def poll(self) -> None:
+        return None
+
+    def kill(self, rank: int, why: str) -> None:
+        raise SimStalled(f"the simulated farm asked to kill rank {rank} ({why}): no process dies in a simulation")
+
+    def write_checkpoint(self, ledger: Ledger, final: bool) -> str:
+        return ""
+
+    def load_checkpoint(self) -> tuple[None, str]:
+        return None, ""
+
+    def answer(self, token: str, outcome: dict[str, object]) -> None:
+        pass
+
+    def log(self, text: str) -> None:
+        pass
+
+    def requests(self) -> list[DrainRequest]:
+        return []
+
+    def stop_requested(self) -> bool:
+        return False
 
 
 @dataclass
@@ -65,17 +156,17 @@ class EngineResult:
     """What one simulated run produced.
 
     Attributes:
-        makespan: Simulated seconds from the start until the last rank got its end.
-        busy: Sum of the durations of the tasks run (seconds).
-        tasks_run: Tasks executed (counting any re-execution).
-        events: Events processed (messages, handlings, task ends, ticks).
+        makespan: Simulated seconds until the last rank's loop ended.
+        busy: Sum of the durations of the tasks run.
+        tasks_run: Tasks executed.
+        events: Events processed.
         ledger: The master's completion record.
-        requests: Per level of the asking rank: ``[count, sum of seconds]`` of the requests
-            answered with ids (from sending the request to receiving the grant). A
-            request answered "no more ids" is left out: its wait is the end of the job.
-        handled: Messages handled per server level: ``[count of servers, messages]``.
-        max_handled_by_level: Per server level, the most messages one server handled.
-        stations: Every rank's Station (for inspection; large at scale).
+        requests: Per level of the claiming rank, the request-time parts of its claims.
+        handled: Per server level: [servers, messages handled, ticks].
+        server_busy: Per server level: [total seconds busy, the busiest server's seconds].
+        stations: Every rank's Station (for inspection).
+        decisions: The in-job planner's decisions (``levels=auto``).
+        plans: The plans the job ran, in order.
     """
 
     makespan: float
@@ -83,342 +174,305 @@ class EngineResult:
     tasks_run: int
     events: int
     ledger: Ledger
-    requests: dict[int, list[float]] = field(default_factory=dict)
-    handled: dict[int, list[int]] = field(default_factory=dict)
-    max_handled_by_level: dict[int, int] = field(default_factory=dict)
+    requests: dict[int, RequestTimes] = field(default_factory=dict)
+    handled: dict[int, list[float]] = field(default_factory=dict)
+    server_busy: dict[int, list[float]] = field(default_factory=dict)
     stations: list[Station] = field(default_factory=list, repr=False)
-
-
-def LeanSummary() -> Summary:
-    """A :class:`~nlevel.stats.Summary` that keeps no percentile samples.
-
-    Every worker keeps five summaries (its task times and the four request-time parts).
-    With 512 samples each, 32,768 simulated ranks x 100 tasks retain 16 million floats
-    (peak memory 1.37 GB against 0.82 GB without), for percentiles the simulator never
-    reports. What the roles read back (``n``, ``mean``) is unchanged.
-    """
-    return Summary(cap=0)
-
-
-def _lean(times: RequestTimes) -> None:
-    for name in PARTS:
-        setattr(times, name, LeanSummary())
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    plans: list[Any] = field(default_factory=list)
 
 
 class Engine:
-    """A timed run of every rank's Station.
+    """A timed run of every rank's loop.
 
     Args:
-        hierarchy: The laid-out plan.
-        config: Settings the Stations take (batch sizes and ages, chunk sizing). The plan is
-            the hierarchy's: re-planning while the job runs (``levels=auto``) is not simulated.
-        durations: Seconds of task ``i`` at index ``i``; its length is the number of tasks.
-        service_time: Seconds a server spends on each incoming message (FIFO, one at a time).
-        msg_time: Seconds a message takes one way.
-        gil_delay: Extra seconds added to a handling while the server's own task runs.
-
-    Raises:
-        ConfigError: for ``config.levels == 0`` (auto).
+        hierarchy: The laid-out first plan.
+        config: Settings the stations take (``levels=0``: the in-job planner decides, as in a real job).
+        durations: Seconds of task ``i`` at index ``i``.
+        costs: The timing model.
+        slots: Ring sizes of the leaf and upper boards.
     """
 
-    def __init__(
-        self,
-        hierarchy: Hierarchy,
-        config: Config,
-        durations: Sequence[float],
-        service_time: float,
-        msg_time: float,
-        gil_delay: float = 0.0,
-    ) -> None:
-        if config.auto:
-            raise ConfigError(
-                "the simulator runs one fixed plan; levels=auto (re-planning while the job runs) is not "
-                "simulated: give the config the hierarchy's levels"
-            )
+    def __init__(self, hierarchy: Hierarchy, config: Config, durations: Sequence[float], costs: Costs,
+                 slots: tuple[int, int] | None = None) -> None:
         self.hierarchy = hierarchy
         self.config = config
-        self.durations = durations
-        self.service_time = float(service_time)
-        self.msg_time = float(msg_time)
-        self.gil_delay = float(gil_delay)
-        self.clock = SimClock()
-        self.ledger = Ledger(len(durations))
-        size = hierarchy.size
-        # The Stations read the time through a C-level callable (half the cost of calling
-        # SimClock; they read it several times per task).
-        now = partial(getattr, self.clock, "t")
-        # The cyclic collector would walk the Stations built so far again and again while
-        # 32,768 of them are made (see run()); the wall clock is the simulated one too.
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            self.stations = [
-                Station(hierarchy, r, config, now, self.ledger if r == 0 else None, wall=now) for r in range(size)
-            ]
-        finally:
-            if enabled:
-                gc.enable()
+        self.costs = costs
+        n = hierarchy.size
+        self.size = n
+        self.total = len(durations)
+        self.cum = np.concatenate(([0.0], np.cumsum(np.asarray(durations, dtype=float))))
+        leaf = slots[0] if slots else max(config.board_slots, 4 * n)
+        self.boards = SimBoards(slots or (leaf, max(16, leaf // 8)))
+        self.t = 0.0
+        self.outbox: list[tuple[int, Message]] = []
+        port = _Port(self.outbox)
+        ledger = Ledger(self.total)
+        clock = self._clock
+        self.stations = [Station(hierarchy, r, config, clock, self.boards, self.total, ledger if r == 0 else None,
+                                 wall=clock) for r in range(n)]
+        self.loops = [Loop(st, port, checkpoint_every=1 << 62, checkpoint_interval=math.inf) for st in self.stations]
         for st in self.stations:
             if st.worker is not None:
-                st.worker.task_times = LeanSummary()
-                _lean(st.worker.requests)
-            if isinstance(st.dispatcher, Region):
-                _lean(st.dispatcher.requests)
+                st.worker.claims = None  # (the engine times the claims: their cost is simulated, not measured)
+                st.worker.task_times = Summary(cap=0)
+
+    def _clock(self) -> float:
+        return self.t
 
     def run(self) -> EngineResult:
-        """Run the farm to its end; return the result.
+        """Run to the end.
 
         Raises:
-            SimStalled: when no event is left but some rank has not ended.
+            SimStalled: when events run out before every rank has ended (a bug, never silent).
         """
-        # Every object an event creates dies by reference counting; the cyclic collector
-        # would only walk the 32,768 Stations again and again (5-10 % of the run).
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return self._run()
-        finally:
-            if enabled:
-                gc.enable()
-
-    def _run(self) -> EngineResult:
-        # One flat loop with the hot paths (a task ends, a grant reaches a slave, a server
-        # finishes a handling) written out: at 3.3M tasks every call saved counts.
-        stations = self.stations
-        workers = [s.worker for s in stations]
-        size = len(stations)
-        clock = self.clock
-        dur = self.durations
-        msg_time = self.msg_time
-        svc = self.service_time
-        gil = self.gil_delay
-        heap: list[float] = []  # times at which something in `at` happens
-        at: dict[float, int | list[int]] = {}  # time -> kind * size + rank (a list when tied)
-        heappush, heappop = heapq.heappush, heapq.heappop
-        msgs: deque[tuple[float, int, int, Message]] = deque()  # (arrival, dest, src, msg)
-        ends: deque[tuple[float, int]] = deque()  # (handling end, server)
-        msgs_append, msgs_popleft = msgs.append, msgs.popleft
-        ends_append, ends_popleft = ends.append, ends.popleft
-        # A server's queue of messages waiting for it, as they arrived (entries of msgs).
-        inbox: list[deque[tuple[float, int, int, Message]] | None] = [
-            deque() if s.serves_remote else None for s in stations
-        ]
-        region = [isinstance(s.dispatcher, Region) for s in stations]
-        busy = [False] * size
-        waiting = [False] * size
-        tick_at = [_INF] * size
-        handled = [0] * size
-        level = [s.info.level for s in stations]
-        levels = self.hierarchy.plan.levels
-        req_n = [0] * levels  # requests answered with ids, by the asking rank's level
-        req_s = [0.0] * levels
-        counts = [0, 0]  # ranks ended, tasks started
-        to_end = sum(w is not None for w in workers)
+        c = self.costs
+        n = self.size
+        stations, loops, boards = self.stations, self.loops, self.boards
+        sink = boards.sink
+        cum = self.cum
+        outbox = self.outbox
+        heap: list[tuple[float, int, int, int, Any]] = []
+        seq = 0
+        busy_until = [0.0] * n  # a server's CPU (its thread)
+        nic_until = [0.0] * n  # a board owner's memory, for one-sided operations
+        last_served = [-math.inf] * n
+        tick_at = [math.inf] * n  # the pending tick of each server
+        last_tick = [-math.inf] * n  # when each server last looked at its boards
+        ticket_since: dict[int, tuple[int, float]] = {}  # region-master -> (its ticket above, since when)
+        inbox: list[list[tuple[int, Message]]] = [[] for _ in range(n)]
+        hand: list[tuple[int, int] | None] = [None] * n
+        started = [0.0] * n
+        # (owner, board kind) -> {waiter: ticket it waits for (-1: none, it waits for a change)};
+        # a waiter is a worker's rank, or -1-rank for a region-master waiting to refill.
+        waiting: dict[tuple[int, int], dict[int, int]] = {}
+        watched: dict[tuple[int, int], tuple[int, int]] = {}  # (owner, kind) -> (flags, epoch) at the last look
+        ended = [False] * n
         events = 0
-        now = 0.0
+        busy = 0.0
+        tasks_run = 0
+        makespan = 0.0
+        handled: dict[int, list[float]] = {}
+        server_busy = [0.0] * n
+        asked = [0.0] * n  # when each worker started needing its next range
+        requests: dict[int, RequestTimes] = {}
 
-        def push(t: float, kind: int, r: int) -> None:
-            code = kind * size + r
-            e = at.get(t)
-            if e is None:
-                at[t] = code
-                heappush(heap, t)
-            elif isinstance(e, int):
-                at[t] = [e, code]
+        def push(t: float, kind: int, r: int, payload: Any = None) -> None:
+            nonlocal seq
+            seq += 1
+            heapq.heappush(heap, (t, seq, kind, r, payload))
+
+        def schedule_tick(r: int, t: float) -> None:
+            if t < tick_at[r]:
+                tick_at[r] = t
+                push(t, _TICK, r)
+
+        def send_all(src: int, t: float) -> None:
+            # Messages arrive in the order they were sent (every one takes msg_time), so a
+            # server's handling slot can be booked now: first come, first served.
+            arrive = t + c.msg_time
+            for dest, msg in outbox:
+                if stations[dest].server is not None or stations[dest].draining:
+                    start = busy_until[dest] if busy_until[dest] > arrive else arrive
+                    end = start + c.service_time
+                    busy_until[dest] = end
+                    server_busy[dest] += c.service_time
+                    push(end, _HANDLE, dest, (src, msg))
+                else:
+                    push(arrive, _ARRIVE, dest, (src, msg))
+            outbox.clear()
+
+        def wake(w: int, t: float) -> None:
+            if w >= 0:
+                push(t + c.poll, _ENTRY, w)
             else:
-                e.append(code)
+                schedule_tick(-1 - w, t + c.poll)
 
-        def check_tick(r: int) -> None:
-            # Completions buffered at a region-master go up by count or age; an age is
-            # only ever reached between events, so schedule a tick exactly then.
-            d = stations[r].dispatcher
-            assert isinstance(d, Region)
-            if d.up_done and tick_at[r] == _INF and not d.parent_final and not d.gone:
-                due = d.oldest_up + d.batch_age
-                while due - d.oldest_up < d.batch_age:  # rounding: the tick must see the age reached
-                    due = math.nextafter(due, _INF)
-                tick_at[r] = due
-                push(due, _TICK, r)
-
-        def resume(r: int, t: float) -> None:
-            # The rank's loop asks for its next task (the same steps as the hot paths below).
-            clock.t = t
-            tid, outs = stations[r].take()
-            if outs:
-                arrive = t + msg_time
-                for o in outs:
-                    msgs_append((arrive, o.dest, r, o.msg))
-            if tid >= 0:
-                waiting[r] = False
-                counts[1] += 1
-                push(t + dur[tid], _TASK, r)
-            elif tid == WAIT:
-                waiting[r] = True
-            else:
-                waiting[r] = False
-                counts[0] += 1
-            if region[r]:
-                check_tick(r)
+        def wake_waiters(r: int, t: float) -> None:
+            """Wake the claimers waiting on ``r``'s boards for whom something changed: their ticket
+            was published, or a flag or the epoch changed (a claimer without a ticket waits for that)."""
+            d = stations[r].server
+            for kind in (0, 1):
+                ws = waiting.get((r, kind))
+                if not ws:
+                    continue
+                o = d.owners.get(kind) if d is not None else None
+                if o is None:  # (no board of that kind any more: everyone looks again)
+                    for w in ws:
+                        wake(w, t)
+                    ws.clear()
+                    continue
+                state = (o.flags, o.epoch)
+                changed = watched.get((r, kind)) != state
+                watched[(r, kind)] = state
+                tail = o.tail
+                go = [w for w, tk in ws.items() if changed or 0 <= tk < tail or (tk < 0 and o.unclaimed_slots)]
+                for w in go:
+                    del ws[w]
+                    wake(w, t)
 
         def after_server(r: int, t: float) -> None:
-            if waiting[r]:
-                w = workers[r]
-                assert w is not None
-                if w.queue or w.final:  # a grant reached the local worker in-process
-                    resume(r, t)
-                    return  # resume checked the tick
-            if region[r]:
-                check_tick(r)
+            """A server handled something at ``t``: wake who waits on its boards; plan its next tick."""
+            st = stations[r]
+            wake_waiters(r, t)
+            d = st.server
+            if d is None:
+                return
+            need = math.inf
+            if isinstance(d, Region):
+                need = d.flush_at()
+                if not d.parent_final:
+                    tk = d.claimer.ticket
+                    if tk >= 0:  # waiting for its parent to publish that ticket
+                        waiting.setdefault((d.parent, 1), {})[-1 - r] = tk
+                        seen = ticket_since.get(r)
+                        if seen is None or seen[0] != tk:
+                            seen = ticket_since[r] = (tk, t)
+                        p = stations[d.parent].server
+                        upper = p.owners.get(1) if p is not None else None
+                        if upper is not None and upper.tail <= tk and last_tick[d.parent] < seen[1]:
+                            # (the parent notices a waiter on its next look; one look is enough)
+                            schedule_tick(d.parent, t + c.detect)
+                    elif d.stock() < d.target():
+                        need = min(need, t + c.detect)  # (its own next tick refills)
+            planner = st.planner
+            if planner is not None:
+                need = min(need, planner.next_check(t))
+            if d.queue and any(o.waiting for o in d.owners.values()):
+                need = min(need, t + c.detect)  # claimers wait and there is something to publish
+            if need < math.inf and not st.done_serving:
+                schedule_tick(r, max(need, t))
 
-        def start_handling(r: int, t: float) -> None:
-            w = workers[r]
-            if gil and w is not None and w.current is not None:
-                push(t + svc + gil, _SERVE, r)
-            else:
-                ends_append((t + svc, r))
+        def charge(r: int, t: float, target: int, ops: int) -> float:
+            """Seconds ``ops`` one-sided operations of rank ``r`` on ``target``'s board take from ``t``."""
+            if ops <= 0:
+                return 0.0
+            if target == r:
+                return ops * c.atomic_service  # its own memory
+            start = nic_until[target] if nic_until[target] > t else t
+            nic_until[target] = start + ops * c.atomic_service
+            return (start - t) + ops * c.atomic_time
 
-        def handle(r: int, t: float) -> None:
-            # A server finishes handling the message at the head of its queue (the ends
-            # branch of the loop below is the same, written out for the common case).
-            q = inbox[r]
-            assert q is not None
-            _, _, src, msg = q.popleft()
-            clock.t = t
-            handled[r] += 1
-            if region[r] and isinstance(msg, Grant) and msg.ids:
-                d = stations[r].dispatcher
-                assert isinstance(d, Region)
-                if d.asked:
-                    req_n[level[r]] += 1
-                    req_s[level[r]] += t - d.asked_at
-            outs = stations[r].deliver(src, msg)
-            if outs:
-                arrive = t + msg_time
-                for o in outs:
-                    msgs_append((arrive, o.dest, r, o.msg))
-            if q:
-                start_handling(r, t)
-            else:
-                busy[r] = False
-            if waiting[r] or region[r]:
-                after_server(r, t)
+        # Every worker starts by asking for ids; every server ticks once at the start.
+        for r in range(n):
+            if stations[r].worker is not None:
+                push(0.0, _ENTRY, r)
+                asked[r] = 0.0
+            if stations[r].server is not None:
+                schedule_tick(r, 0.0)
 
-        for r in range(size):
-            if workers[r] is not None:
-                resume(r, 0.0)
-
-        while True:
+        while heap:
+            t, _, kind, r, payload = heapq.heappop(heap)
+            self.t = t
             events += 1
-            th = heap[0] if heap else _INF
-            if ends and ends[0][0] <= th and (not msgs or ends[0][0] <= msgs[0][0]):
-                now, r = ends_popleft()
-                if gil or region[r]:
-                    handle(r, now)
+            st = stations[r]
+            loop = loops[r]
+            if kind == _ENTRY:
+                if ended[r] or (payload is None and hand[r] is not None):
+                    continue  # (a wake-up for a rank that is running a range, or is over)
+                w = st.worker
+                if w is None:
                     continue
-                q = inbox[r]
-                _, _, src, msg = q.popleft()  # type: ignore[union-attr]
-                clock.t = now
-                handled[r] += 1
-                outs = stations[r].deliver(src, msg)
-                if outs:
-                    arrive = now + msg_time
-                    for o in outs:
-                        msgs_append((arrive, o.dest, r, o.msg))
-                if q:
-                    ends_append((now + svc, r))
+                for src, msg in inbox[r]:
+                    loop.handle(Received(src, msg))
+                inbox[r].clear()
+                h = hand[r]
+                if payload == "done" and h is not None:
+                    a, b = h
+                    dur = float(cum[b] - cum[a])
+                    busy += dur
+                    tasks_run += b - a
+                    loop.handle(Ran(((a, b),), (), (), b - a, dur, dur / (b - a)))
+                    hand[r] = None
+                parent = w.parent
+                sink[0] = 0
+                loop.handle(NeedIds())
+                cost = charge(r, t, parent, sink[0])
+                send_all(r, t + cost)
+                if st.server is not None:
+                    after_server(r, t + cost)
+                h = st.hand
+                if payload == "done" or asked[r] < 0:
+                    asked[r] = t
+                if h is not None:
+                    hand[r] = h
+                    started[r] = t + cost
+                    level = st.info.level if w.parent != r else st.info.level + 1
+                    rt = requests.get(level)
+                    if rt is None:
+                        rt = requests[level] = RequestTimes()
+                    rt.add_parts(t + cost - asked[r], cost)
+                    asked[r] = -1.0
+                    a, b = h
+                    push(t + cost + float(cum[b] - cum[a]), _ENTRY, r, "done")
+                elif st.ended:
+                    ended[r] = True
+                    makespan = max(makespan, t + cost)
                 else:
-                    busy[r] = False
-                if waiting[r]:
-                    after_server(r, now)
-            elif msgs and msgs[0][0] <= th:
-                entry = msgs_popleft()
-                now, dest, src, msg = entry
-                q = inbox[dest]
-                if q is not None:
-                    q.append(entry)
-                    if not busy[dest]:
-                        busy[dest] = True
-                        if gil:
-                            start_handling(dest, now)
-                        else:
-                            ends_append((now + svc, dest))
-                    continue
-                # A slave: its loop is blocked on this grant; taking it costs nothing beyond
-                # the message time.
-                clock.t = now
-                st = stations[dest]
-                w = workers[dest]
-                if w.asked and isinstance(msg, Grant) and msg.ids:  # type: ignore[union-attr]
-                    lv = level[dest]
-                    req_n[lv] += 1
-                    req_s[lv] += now - w.asked_at  # type: ignore[union-attr]
-                st.deliver(src, msg)
-                if waiting[dest]:
-                    resume(dest, now)
-            elif heap:
-                now = heap[0]
-                e = at[now]
-                if isinstance(e, int):
-                    heappop(heap)
-                    del at[now]
-                    code = e
-                else:  # a tie: (kind, rank) order
-                    code = min(e)
-                    e.remove(code)
-                    if len(e) == 1:
-                        at[now] = e[0]
-                kind, r = divmod(code, size)
-                if kind == _TASK:
-                    clock.t = now
-                    st = stations[r]
-                    st.finish()
-                    resume(r, now)  # also checks a region-master's tick
-                elif kind == _SERVE:
-                    handle(r, now)
-                else:
-                    tick_at[r] = _INF
-                    if not busy[r]:  # else the handling in progress runs the same upkeep when it ends
-                        clock.t = now
-                        outs = stations[r].tick()
-                        if outs:
-                            arrive = now + msg_time
-                            for o in outs:
-                                msgs_append((arrive, o.dest, r, o.msg))
-                        after_server(r, now)
-            else:
-                events -= 1
-                break
-
-        ended, tasks_run = counts
-        if ended != to_end or not self.ledger.complete():
-            stuck = [r for r in range(size) if waiting[r] or (workers[r] is not None and workers[r].current is not None)]  # type: ignore[union-attr]
-            raise SimStalled(
-                f"simulation stalled at t={now:.6g} s: {ended}/{to_end} ranks ended, "
-                f"{self.ledger.n_committed}/{self.ledger.total} ids committed; waiting or running ranks {stuck[:10]}"
-            )
-        requests = {lv: [req_n[lv], req_s[lv]] for lv in range(levels) if req_n[lv]}
-        return self._result(now, tasks_run, events, handled, requests)
-
-    def _result(
-        self, makespan: float, tasks_run: int, events: int, handled: list[int], requests: dict[int, list[float]]
-    ) -> EngineResult:
-        per_level: dict[int, list[int]] = {}
-        most: dict[int, int] = {}
-        for s in self.stations:
-            level = s.info.level
-            if s.dispatcher is not None:
-                h = per_level.setdefault(level, [0, 0])
-                h[0] += 1
-                h[1] += handled[s.rank]
-                most[level] = max(most.get(level, 0), handled[s.rank])
+                    owner = w.parent
+                    waiting.setdefault((owner, 0), {})[r] = w.claimer.ticket
+                    if (stations[owner].server is not None and not stations[owner].done_serving
+                            and last_tick[owner] < asked[r]):
+                        # (the owner notices a waiter on its next look; it need not look again
+                        # each time this waiter wakes and finds nothing)
+                        schedule_tick(owner, t + cost + c.detect)
+            elif kind == _ARRIVE:  # at a rank that serves nobody: heard when its loop next runs
+                inbox[r].append(payload)
+                if hand[r] is None and not ended[r]:
+                    push(t + c.poll, _ENTRY, r)  # a waiting slave polls its messages too
+            elif kind == _HANDLE:
+                src, msg = payload
+                sink[0] = 0
+                loop.handle(Received(src, msg))
+                if st.planner is not None:
+                    st.planner.on_service(c.service_time)  # (μ, as the runtime measures it while serving)
+                send_all(r, t)
+                last_served[r] = t
+                after_server(r, t)
+                if st.worker is not None and hand[r] is None and not ended[r]:
+                    push(t + c.poll, _ENTRY, r)  # (its own loop, if waiting, hears what changed too)
+                level = st.info.level
+                handled.setdefault(level, [0, 0, 0])[1] += 1
+            else:  # _TICK
+                if tick_at[r] != t:
+                    continue  # superseded by an earlier one
+                tick_at[r] = math.inf
+                start = busy_until[r] if busy_until[r] > t else t
+                last_tick[r] = start
+                self.t = start
+                sink[0] = 0
+                loop.handle(Tick())
+                cost = c.service_time
+                d = st.server
+                if isinstance(d, Region):
+                    cost += charge(r, start, d.parent, sink[0])
+                busy_until[r] = start + cost
+                server_busy[r] += cost
+                send_all(r, start + cost)
+                after_server(r, start + cost)
+                handled.setdefault(st.info.level, [0, 0, 0])[2] += 1
+        for r in range(n):
+            if stations[r].worker is not None and not ended[r]:
+                w = stations[r].worker
+                raise SimStalled(
+                    f"the simulation ran out of events at t={self.t:.6g} s with rank {r} still waiting "
+                    f"({w.state.value if w else '?'}); committed {stations[0].ledger.n_committed if stations[0].ledger else '?'}"
+                    f" of {self.total}")
+        for st in stations:
+            if isinstance(st.server, Region) and st.server.requests.total.n:
+                requests.setdefault(st.info.level, RequestTimes()).merge(st.server.requests)
+        by_level: dict[int, list[float]] = {}
+        for st in stations:
+            if st.server is not None or server_busy[st.rank]:
+                lv = by_level.setdefault(st.info.level, [0.0, 0.0])
+                lv[0] += server_busy[st.rank]
+                lv[1] = max(lv[1], server_busy[st.rank])
+                handled.setdefault(st.info.level, [0, 0, 0])[0] += 1
+        master = next(s for s in stations if s.ledger is not None and s.is_master)
+        assert master.ledger is not None
         return EngineResult(
-            makespan=makespan,
-            busy=math.fsum(self.durations),
-            tasks_run=tasks_run,
-            events=events,
-            ledger=self.ledger,
-            requests=requests,
-            handled=per_level,
-            max_handled_by_level=most,
-            stations=self.stations,
+            makespan=makespan, busy=busy, tasks_run=tasks_run, events=events, ledger=master.ledger,
+            requests=requests, handled=handled, server_busy=by_level, stations=stations,
+            decisions=master.planner.report() if master.planner is not None else [],
+            plans=list(master.plans),
         )

@@ -15,54 +15,36 @@ Timing model
   once per task id from a seeded RNG: ``--task-time L:H`` uniform in ``[L, H]`` seconds,
   ``--task-time T`` constant, or ``--task-times-file F`` (one duration per line, sampled
   with replacement, e.g. measured docking times). The same seed gives the same run.
-* **Messages.** Every message takes ``msg_time`` seconds one way; messages between two
-  ranks stay in order (as MPI's do).
-* **Servers.** The master and each region-master handle incoming messages (children's
-  reports and requests, the parent's grants) one at a time, first come first served.
-  Each costs ``service_time`` seconds of the server; the messages a handling produces
-  leave when it ends. A server that computes runs its own task in parallel with this
-  server thread: the GIL penalty measured in the README (a pure-Python task delays the
-  server thread) is not modelled, except as ``--gil-delay``: extra seconds added to
-  every handling that happens while the server's own task runs.
-* **Free steps.** Work inside one rank is instantaneous: a server's own worker is served
-  in-process (:meth:`Station.route <nlevel.roles.station.Station.route>`), a slave takes
-  a grant as soon as it arrives, and the next task starts when the previous one ends.
-* **Ticks.** A region-master forwards completions upward by count, by age
-  (``batch_age``) or when its region is idle; the engine calls ``tick()`` exactly when
-  the oldest buffered completion reaches its age (the runtime polls every ms), so the
-  end of a job is never held back by the simulation.
+* **Grants.** A worker takes its next range from its parent's board with one-sided
+  operations (:mod:`nlevel.roles.board`): ``atomic_time`` each, plus queueing at the
+  board owner's memory, ``atomic_service`` per operation from every claimer.
+* **Messages.** Completions, plan changes and the rest take ``msg_time`` one way; a
+  server handles them in arrival order, ``service_time`` each, on its own CPU (its
+  thread), beside its own tasks.
+* **Ticks.** A server ticks when there is something to do: a claimer waits on its board
+  (noticed ``detect`` seconds later), a batch of completions reached its age, the
+  planner's sampling window ended.
 * **Fixed cost.** ``--startup S`` adds S seconds, every rank idle, for the farm's set-up
-  and tear-down (its collectives, the final gather of statistics); 0 by default. The
-  validation (``bench/sim_validate.py``) measures it with a zero-task run.
-* **Not modelled:** MPI launch, checkpoint writes, network contention and distance,
-  failures.
+  and tear-down; 0 by default.
+* **Not modelled:** MPI launch, checkpoint writes, network distance beyond the given
+  latencies, failures.
 
-Service and message times default to the machine's calibration
-(:func:`nlevel.model.calibration.load_calibration`, written by
-``python -m nlevel.plan --calibrate``), else to :data:`DEFAULT_SERVICE_TIME` and
-:data:`DEFAULT_MSG_TIME`; ``--service-time`` / ``--msg-time`` override both.
-
-Plans: ``--plan classic`` (2 levels), ``--plan auto`` (the queueing model's choice,
-:func:`nlevel.model.queueing.choose_plan`) or ``--plan levels=3,regions=128`` with optional
-``prefetch=``, ``chunk=`` and ``serve_only=`` (``regions=16x8`` for 4 levels). Slaves
-ask for ``--chunk`` ids per request, 1 by default as in the paper (one task per
-request); ``chunk=`` in a plan wins, and ``--chunk 0`` is nlevel's automatic chunking.
-
-Engines: from 300,000 tasks on, ``--engine auto`` (the default) runs the simulation in a
-child interpreter whose roles are compiled with mypyc from these same source files
-(:mod:`nlevel.sim.build`, built once per source digest and cached), about three times as fast;
-``--engine python`` stays interpreted. The results are identical.
+The plan: ``--plan classic`` (2 levels), ``--plan levels=3,regions=128`` (with optional
+``prefetch=``, ``chunk=`` and ``serve_only=``; ``regions=16x8`` for 4 levels) or ``--plan
+auto``: the job starts as a real one does and the in-job planner (the same
+:class:`~nlevel.roles.autoplan.AutoPlanner`) samples, fits, decides and switches in
+simulated time; its decisions are in the report.
 
 Output: ``overhead = 1 - sum(task durations) / (procs x makespan)`` (every rank
 counted, as in the run report) and ``makespan`` in seconds; ``--json`` prints them with
-the per-level request times and server loads.
+the per-level request times, server loads and the planner's decisions.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -72,7 +54,7 @@ from ..errors import ConfigError
 from ..model.hierarchy import build
 from ..model.plan import SERVE_ONLY_CHOICES, Plan, default_regions
 from .build import compiled
-from .engine import Engine, EngineResult
+from .engine import Costs, Engine, EngineResult
 
 __all__ = [
     "DEFAULT_SERVICE_TIME",
@@ -108,9 +90,11 @@ class SimReport:
         work: Sum of task durations, seconds.
         makespan: Simulated seconds until every rank ended.
         overhead: ``1 - work / (procs * makespan)``.
-        service_time, msg_time, gil_delay, startup: The timing model's inputs, seconds.
+        service_time, msg_time, atomic_time, atomic_service, startup: The timing model's inputs, seconds.
         times_source: Where service and message times came from.
-        predicted_overhead: The model's prediction when the plan is ``auto``, else None.
+        predicted_overhead: What the in-job planner predicted for the plan it chose (``auto``), else None.
+        decisions: The in-job planner's decisions (``auto``).
+        plans: The plans the job ran, in order.
         requests: Per asking level: count and mean request time, split into parts (ms).
         servers: Per server level: servers, messages handled, mean busy fraction.
         events: Events the engine processed.
@@ -130,7 +114,8 @@ class SimReport:
     overhead: float
     service_time: float
     msg_time: float
-    gil_delay: float
+    atomic_time: float
+    atomic_service: float
     startup: float
     times_source: str
     predicted_overhead: float | None
@@ -143,6 +128,8 @@ class SimReport:
     tasks_run: int = 0
     task_time: dict[str, Any] = field(default_factory=dict)
     engine: str = "python"
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    plans: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (the ``--json`` output)."""
@@ -154,7 +141,8 @@ class SimReport:
             "predicted_overhead": self.predicted_overhead,
             "service_time": self.service_time,
             "msg_time": self.msg_time,
-            "gil_delay": self.gil_delay,
+            "atomic_time": self.atomic_time,
+            "atomic_service": self.atomic_service,
             "startup": self.startup,
             "times_source": self.times_source,
             "makespan": self.makespan,
@@ -168,6 +156,8 @@ class SimReport:
             "events": self.events,
             "sim_seconds": self.sim_seconds,
             "engine": self.engine,
+            "decisions": self.decisions,
+            "plan_history": self.plans,
         }
 
     def summary(self) -> str:
@@ -175,8 +165,8 @@ class SimReport:
         lines = [
             f"nlevel.sim: {self.procs} processes, {self.tasks} tasks ({_describe_task_time(self.task_time)}); "
             f"plan {self.plan.describe()} ({self.plan.reason})",
-            f"  service {self.service_time:.3g} s per message, message {self.msg_time:.3g} s one way"
-            + (f", GIL delay {self.gil_delay:.3g} s" if self.gil_delay else "")
+            f"  service {self.service_time:.3g} s per message, message {self.msg_time:.3g} s one way, "
+            f"one-sided operation {self.atomic_time:.3g} s ({self.atomic_service:.3g} s at the target)"
             + (f", fixed cost {self.startup:.3g} s" if self.startup else "")
             + f" ({self.times_source})",
             f"  makespan {self.makespan:.6g} s, overhead {100 * self.overhead:.2f}% (1 - work / (procs x makespan))"
@@ -188,9 +178,16 @@ class SimReport:
         ]
         for name, r in self.requests.items():
             lines.append(
-                f"  requests from {name}s: {int(r['count'])}, mean {r['mean_ms']:.4g} ms = message "
-                f"{r['message_ms']:.3g} x2 + dispose {r['dispose_ms']:.3g} + wait {r['wait_ms']:.4g} ms"
+                f"  requests from {name}s: {int(r['count'])}, mean {r['mean_ms']:.4g} ms = claim "
+                f"{r['message_ms']:.3g} + wait {r['wait_ms']:.4g} ms"
             )
+        if len(self.plans) > 1 or self.decisions:
+            lines.append(f"  planner: {len(self.decisions)} decision(s), {len(self.plans) - 1} switch(es); ended on "
+                         f"{Plan.from_dict(self.plans[-1]).describe() if self.plans else '?'}")
+            if self.decisions and "chosen" not in self.decisions[-1]:
+                lines.append("  planner: the job ended before the sampling finished; it kept the plan it started on")
+            elif self.decisions:
+                lines.append(f"  planner's last reason: {self.decisions[-1].get('reason', '')}")
         for name, s in self.servers.items():
             lines.append(
                 f"  {name}: {int(s['servers'])} server(s), {int(s['messages'])} messages handled, "
@@ -290,21 +287,10 @@ def make_durations(
     return [float(x) for x in rng.uniform(lo, hi, size=tasks)]
 
 
-def parse_plan(
-    text: str,
-    procs: int,
-    chunk: int = 1,
-    *,
-    task_time: float | None = None,
-    task_time_spread: float = 0.0,
-    service_time: float = DEFAULT_SERVICE_TIME,
-    msg_time: float = DEFAULT_MSG_TIME,
-    threshold: float = 0.10,
-) -> tuple[Plan, float | None]:
-    """Turn ``--plan`` into a :class:`~nlevel.model.plan.Plan` for ``procs``; return it and the predicted overhead.
+def parse_plan(text: str, procs: int, chunk: int = 1) -> Plan:
+    """Turn ``--plan`` (not ``auto``: that is the in-job planner's) into a :class:`~nlevel.model.plan.Plan` for ``procs``.
 
-    ``classic`` is 2 levels; ``auto`` asks :func:`nlevel.model.queueing.choose_plan` (which needs
-    the mean ``task_time``); otherwise comma-separated ``key=value`` pairs of
+    ``classic`` is 2 levels; otherwise comma-separated ``key=value`` pairs of
     ``levels, regions, prefetch, chunk, serve_only`` (``regions=16x8`` for several
     intermediate levels; default regions from the world size). ``chunk`` applies unless
     the text sets ``chunk=``.
@@ -313,17 +299,8 @@ def parse_plan(
         ConfigError / PlanError: naming the bad part, or a plan that does not fit ``procs``.
     """
     spec = text.strip()
-    predicted: float | None = None
     if spec == "classic":
         plan = Plan(chunk=chunk, reason="classic master-slave (--plan classic)")
-    elif spec == "auto":
-        if task_time is None:
-            raise ConfigError("--plan auto needs the mean task time")
-        from ..model.queueing import choose_plan
-
-        decision = choose_plan(procs, task_time, service_time, msg_time, threshold, task_time_spread)
-        plan = replace(decision.plan, chunk=chunk, reason=f"--plan auto: {decision.reason}")
-        predicted = float(decision.predicted_overhead)
     else:
         values: dict[str, Any] = {}
         for item in spec.split(","):
@@ -356,7 +333,7 @@ def parse_plan(
             values["regions"] = default_regions(procs, levels) if isinstance(levels, int) and levels > 2 else ()
         plan = Plan(**values, reason=f"--plan {spec}")
     plan.check_fits(procs)
-    return plan, predicted
+    return plan
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -378,30 +355,32 @@ def _describe_task_time(tt: dict[str, Any]) -> str:
 
 def simulate(
     procs: int,
-    plan: Plan,
+    plan: Plan | None,
     durations: Sequence[float],
     service_time: float,
     msg_time: float,
     *,
-    gil_delay: float = 0.0,
+    atomic_time: float = 1e-6,
+    atomic_service: float = 2e-7,
     startup: float = 0.0,
     config: Config | None = None,
     times_source: str = "given",
-    predicted_overhead: float | None = None,
     task_time: dict[str, Any] | None = None,
 ) -> SimReport:
-    """Simulate ``plan`` on ``procs`` processes running tasks of the given ``durations``.
+    """Simulate a farm of ``procs`` processes running tasks of the given ``durations``.
 
     Args:
         procs: Processes (ranks) of the farm.
-        plan: The hierarchy plan (chunk, prefetch and serve-only come from it).
+        plan: The hierarchy plan (chunk, prefetch and serve-only come from it), or None: the
+            job starts as a real ``--levels auto`` job and the in-job planner decides.
         durations: Seconds of each task, by id.
-        service_time: Seconds a server spends per incoming message.
+        service_time: Seconds a server spends per message it handles.
         msg_time: Seconds a message takes one way.
-        gil_delay: Extra seconds per handling while the server's own task runs.
+        atomic_time: Seconds of one one-sided operation, as its origin sees it.
+        atomic_service: Seconds each one-sided operation occupies its target.
         startup: Fixed seconds of set-up and tear-down added to the makespan (every rank idle).
-        config: Other settings (batch sizes and ages, chunk sizing); default ``Config()``.
-        times_source, predicted_overhead, task_time: Recorded in the report.
+        config: Other settings (batch sizes and ages, chunk sizing, the planner's); default ``Config()``.
+        times_source, task_time: Recorded in the report.
 
     Returns:
         The :class:`SimReport`.
@@ -411,39 +390,53 @@ def simulate(
     """
     if isinstance(procs, bool) or not isinstance(procs, int) or procs < 1:
         raise ConfigError(f"--procs must be an integer >= 1, got {procs!r}")
-    for name, v in (
-        ("--service-time", service_time), ("--msg-time", msg_time), ("--gil-delay", gil_delay), ("--startup", startup)
-    ):
+    for name, v in (("--service-time", service_time), ("--msg-time", msg_time), ("--atomic-time", atomic_time),
+                    ("--atomic-service", atomic_service), ("--startup", startup)):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
             raise ConfigError(f"{name} must be a number of seconds >= 0, got {v!r}")
     if not service_time > 0:
         raise ConfigError(f"--service-time must be > 0 s, got {service_time!r}")
     started = time.perf_counter()
-    config = config or Config()
-    config = config.with_(
-        levels=plan.levels, regions=plan.regions, prefetch=plan.prefetch, chunk=plan.chunk, serve_only=plan.serve_only
-    )
-    hierarchy = build(procs, plan)
-    result = Engine(hierarchy, config, durations, service_time, msg_time, gil_delay).run()
+    # No process hangs in a simulation; a lease that expired because a simulated server is
+    # overloaded (its backlog delays the reports) must not kill anyone.
+    # The costs are the machine's: a real job's planner reads them from the calibration.
+    config = (config or Config()).with_(lease_min=1e9, service_time=service_time, msg_time=msg_time,
+                                        atomic_time=atomic_time, atomic_service=atomic_service)
+    if plan is None:
+        config = config.with_(levels=0)
+        first = config.plan(procs)
+    else:
+        config = config.with_(levels=plan.levels, regions=plan.regions, prefetch=plan.prefetch, chunk=plan.chunk,
+                              serve_only=plan.serve_only)
+        first = plan
+    hierarchy = build(procs, first)
+    costs = Costs(msg_time, service_time, atomic_time, atomic_service)
+    result = Engine(hierarchy, config, durations, costs).run()
     elapsed = time.perf_counter() - started
     work = result.busy
     makespan = result.makespan + startup
     overhead = 1.0 - work / (procs * makespan) if makespan > 0 else 0.0
+    final = result.plans[-1] if result.plans else first
+    predicted = None
+    chosen = [d for d in result.decisions if "chosen" in d]
+    if chosen:
+        predicted = chosen[-1]["chosen"].get("predicted_overhead")
     return SimReport(
         procs=procs,
-        plan=plan,
+        plan=final,
         tasks=len(durations),
         work=work,
         makespan=makespan,
         overhead=overhead,
         service_time=float(service_time),
         msg_time=float(msg_time),
-        gil_delay=float(gil_delay),
+        atomic_time=float(atomic_time),
+        atomic_service=float(atomic_service),
         startup=float(startup),
         times_source=times_source,
-        predicted_overhead=predicted_overhead,
-        requests=_requests(result, plan.levels, service_time, msg_time),
-        servers=_servers(result, plan.levels, service_time, makespan),
+        predicted_overhead=predicted,
+        requests=_requests(result, final.levels),
+        servers=_servers(result, final.levels, makespan),
         events=result.events,
         sim_seconds=elapsed,
         committed=result.ledger.n_committed,
@@ -451,36 +444,38 @@ def simulate(
         tasks_run=result.tasks_run,
         task_time=task_time or {"kind": "given", "mean": work / len(durations) if len(durations) else 0.0},
         engine="compiled (mypyc)" if compiled() else "python",
+        decisions=result.decisions,
+        plans=[p.to_dict() for p in result.plans],
     )
 
 
-def _requests(result: EngineResult, levels: int, service_time: float, msg_time: float) -> dict[str, dict[str, float]]:
-    # The paper's split, T_req = 2 T_msg + T_wait + T_dispose, of the requests answered
-    # with ids: message and dispose are the model's inputs, wait is the rest (queueing
-    # behind other messages at the server, and waiting there for ids).
+def _requests(result: EngineResult, levels: int) -> dict[str, dict[str, float]]:
+    # The paper's split, T_req = 2 T_msg + T_wait + T_dispose, for one-sided claims: the
+    # claim's own operations ("message": both ways), and waiting for something to be published.
     out: dict[str, dict[str, float]] = {}
-    for level, (n, total) in sorted(result.requests.items()):
-        mean = total / n if n else 0.0
+    for level, rt in sorted(result.requests.items()):
         out[_level_name(level, levels)] = {
             "level": level,
-            "count": n,
-            "mean_ms": 1e3 * mean,
-            "message_ms": 1e3 * msg_time,
-            "dispose_ms": 1e3 * service_time,
-            "wait_ms": 1e3 * max(0.0, mean - 2 * msg_time - service_time),
+            "count": rt.total.n,
+            "mean_ms": 1e3 * rt.total.mean,
+            "message_ms": 1e3 * rt.message.mean,
+            "dispose_ms": 1e3 * rt.dispose.mean,
+            "wait_ms": 1e3 * rt.wait.mean,
         }
     return out
 
 
-def _servers(result: EngineResult, levels: int, service_time: float, makespan: float) -> dict[str, dict[str, float]]:
+def _servers(result: EngineResult, levels: int, makespan: float) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     span = makespan if makespan > 0 else 1.0
-    for level, (servers, messages) in sorted(result.handled.items()):
+    for level, (servers, messages, ticks) in sorted(result.handled.items()):
+        total, busiest = result.server_busy.get(level, [0.0, 0.0])
         out[_level_name(level, levels)] = {
             "level": level,
             "servers": servers,
             "messages": messages,
-            "busy": messages * service_time / (servers * span) if servers else 0.0,
-            "busiest": result.max_handled_by_level.get(level, 0) * service_time / span,
+            "ticks": ticks,
+            "busy": total / (servers * span) if servers else 0.0,
+            "busiest": busiest / span,
         }
     return out

@@ -274,7 +274,7 @@ class Network:
 
     def lost(self, msg: Message) -> None:
         """A message to or from a dead rank: the ids it carried are at risk."""
-        for name in ("done", "returned", "held", "handed_off"):
+        for name in ("done", "returned", "held"):
             self.at_risk.add_ranges(getattr(msg, name, ()))
         for f in getattr(msg, "failed", ()):
             if hasattr(f, "id"):

@@ -11,8 +11,8 @@ def add_arguments(parser):
     parser.add_argument("--sleep-ms", type=float, default=0.0)
 
 
-# Not an option: options are part of the checkpoint's fingerprint, and a resumed run
-# must be the same command. The log directory comes from the environment instead.
+# The log directory comes from the environment, which the tests set for every rank. (As an option it
+# would not block a resume either: this app has no fingerprint hook, so its identity is name + total.)
 LOG_DIR = os.environ.get("NLEVEL_TEST_LOG_DIR")
 
 

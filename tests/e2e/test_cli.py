@@ -162,8 +162,16 @@ def test_checkpoint_of_other_parameters_is_refused_then_fresh_keeps_it_aside(tmp
     assert ok.returncode == 0, ok.stderr
     before = sha(tmp_path / "run.h5")
     err = run_bad(tmp_path, mpi_env, ["--checkpoint", "run.h5", "--tasks", "40", "--task-min", "0.2"])
-    assert "fingerprint" in err and '"task_min": 0.1' in err and '"task_min": 0.2' in err
+    assert '"task_min": 0.1' in err and '"task_min": 0.2' in err
+    assert "they differ in: task_min: 0.1 in the checkpoint, 0.2 in this run" in err
+    assert "add --fresh" in err and "fresh=True" not in err  # the remedy this command has
     assert sha(tmp_path / "run.h5") == before
+    # How a task waits is not part of the run: --busy (and --report) may change on a resume.
+    again = nlevel_run(2, ["--checkpoint", "run.h5", "--tasks", "40", "--task-min", "0.1", "--busy",
+                           "--report", "other.json"], tmp_path, mpi_env)
+    assert again.returncode == 0, again.stderr
+    assert "(0 this run, 40 from the checkpoint" in again.stdout
+    before = sha(tmp_path / "run.h5")  # (the resumed run wrote it again)
     fresh = nlevel_run(
         2, ["--checkpoint", "run.h5", "--tasks", "40", "--task-min", "0.2", "--quiet", "--fresh"], tmp_path, mpi_env
     )

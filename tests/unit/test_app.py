@@ -62,3 +62,41 @@ def test_report_path_never_overwrites_other_files(tmp_path):
     check_report_path(str(old), None)  # an earlier report may be replaced
     check_report_path(str(tmp_path / "new.json"), None)
     assert data.read_text() == "a,b\n1,2\n"
+
+
+# ---------------------------------------------------------------- a run's identity (issue 16)
+
+def test_an_app_without_the_hook_is_identified_by_its_name_and_total_only():
+    app = load_app(os.path.join(HERE, "apps", "logging_app.py"))
+    assert app.fingerprint(argparse.Namespace(n=7, sleep_ms=3.0)) == {}
+
+
+def test_the_builtin_counts_what_defines_its_tasks_and_not_how_they_wait():
+    app = load_app(None)
+    p = argparse.ArgumentParser()
+    app.add_arguments(p)
+    a = app.fingerprint(p.parse_args(["--task-min", "0.1"]))
+    assert a == {"task_min": 0.1, "task_spread": 3.0, "seed": 0}
+    assert app.fingerprint(p.parse_args(["--task-min", "0.1", "--busy", "--tasks", "9"])) == a
+
+
+def test_a_bad_hook_is_named(tmp_path):
+    bad = tmp_path / "bad_fp.py"
+    bad.write_text("total = 3\ndef do_job(i): pass\ndef fingerprint(options): return ['seed']\n")
+    with pytest.raises(AppError, match=r"fingerprint\(options\) must return a dict, got list"):
+        load_app(str(bad)).fingerprint(argparse.Namespace())
+    bad.write_text("total = 3\ndef do_job(i): pass\ndef fingerprint(options): return {'app': 'x'}\n")
+    with pytest.raises(AppError, match="may not use the key 'app'"):
+        load_app(str(bad)).fingerprint(argparse.Namespace())
+
+
+def test_what_a_script_passes_as_fingerprint(monkeypatch):
+    from nlevel.runtime import farm
+
+    monkeypatch.setattr(farm, "default_app", lambda: "screen.py")
+    assert farm.identity(None) == ("screen.py", {})
+    assert farm.identity("screen-v2") == ("screen-v2", {})
+    assert farm.identity({"seed": 3}) == ("screen.py", {"seed": 3})
+    assert farm.identity({"app": "x", "seed": 3}) == ("x", {"seed": 3})
+    with pytest.raises(ConfigError, match=r"fingerprint must be None, a name or a dict .* got 3 \(int\)"):
+        farm.identity(3)

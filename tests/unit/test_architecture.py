@@ -235,7 +235,7 @@ def test_subpackages_import_only_what_they_may(real):
 def test_the_checks_see_the_whole_package(real):
     assert {"nlevel.roles.station", "nlevel.runtime.transport", "nlevel.sim.engine", "nlevel.model.plan"} <= set(real)
     g = graph(real)
-    assert "nlevel.roles.failures" in g["nlevel.roles.station"]
+    assert "nlevel.roles.replan" in g["nlevel.roles.station"]
     assert "nlevel.runtime.transport" in g["nlevel.api"]  # imported inside a function: counted
 
 

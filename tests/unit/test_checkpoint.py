@@ -205,12 +205,17 @@ def test_fresh_without_a_file_is_empty(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- refusals, file untouched
 
 def refused(path: Path, match: str, meta: ck.RunMeta = META) -> str:
+    """Load is refused with ``match``, the file untouched; returns the message a script user sees."""
     before = sha(path)
     with pytest.raises(CheckpointError, match=match) as e:
         ck.load(path, meta)
     assert sha(path) == before and temps(path) == []
     assert str(path) in str(e.value)
-    return str(e.value)
+    err = e.value
+    if err.remedies:  # each API is told the remedy it has, and no other's
+        assert "--fresh" in err.explain("run") and "fresh=True" not in err.explain("run")
+        assert "--fresh" not in str(err) and "Farm(..., fresh=True)" in str(err)
+    return str(err)
 
 
 def test_text_file_is_refused(tmp_path: Path) -> None:
@@ -233,7 +238,7 @@ def test_truncated_file_is_refused(tmp_path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     msg = refused(path, "corrupt or truncated")
-    assert "--fresh" in msg
+    assert "to start over keeping the old file" in msg
 
 
 @pytest.mark.parametrize("bad", [
@@ -260,7 +265,7 @@ def test_inconsistent_contents_are_refused(tmp_path: Path, bad: dict[str, Any]) 
         n = int((bad["completed"][:, 1] - bad["completed"][:, 0]).sum())
         bad["attrs"] = {"n_completed": n}  # so the range check itself must catch it
     raw_write(path, **bad)
-    refused(path, "corrupt or truncated.*--fresh")
+    refused(path, "corrupt or truncated.*to start over keeping the old file")
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
         ck.read(path)
 
@@ -271,14 +276,51 @@ def test_newer_format_is_refused(tmp_path: Path) -> None:
     refused(path, f"format {ck.FORMAT_VERSION + 1}, newer than {ck.FORMAT_VERSION}")
 
 
-def test_other_fingerprint_is_refused(tmp_path: Path) -> None:
+def meta_of(app: str, params: dict[str, Any], total: int = 100) -> ck.RunMeta:
+    return ck.RunMeta(total, *ck.fingerprint(app, params), "{}", "0.1.0")
+
+
+def test_other_fingerprint_is_refused_naming_both_sides_and_what_differs(tmp_path: Path) -> None:
     path = tmp_path / "ck.h5"
     ck.write(path, META, snap([[0, 4]]))
-    fp, src = ck.fingerprint("apps.demo", {"n": 4, "seed": 1})
-    other = ck.RunMeta(100, fp, src, "{}", "0.1.0")
+    other = meta_of("apps.demo", {"n": 4, "seed": 1, "mode": "fast"})
     msg = refused(path, "belongs to another run", other)
-    for text in (FP, FP_SRC, fp, src, "--fresh"):
-        assert text in msg
+    for text in (FP_SRC, other.fingerprint_source, "n: 3 in the checkpoint, 4 in this run",
+                 'mode only in this run ("fast")', "fingerprint= of Farm/get_task_id"):
+        assert text in msg, text
+    assert "seed" not in msg.split("differ in:")[1].split(")")[0]  # equal: not listed as a difference
+
+
+def test_another_app_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ck.h5"
+    ck.write(path, META, snap([[0, 4]]))
+    msg = refused(path, "belongs to another run", meta_of("other.py", {"n": 3, "seed": 1}))
+    assert "app 'apps.demo' in the checkpoint, 'other.py' in this run" in msg
+
+
+def test_what_the_file_records_beyond_the_run_never_blocks_a_resume(tmp_path: Path) -> None:
+    """A file written when the identity held the whole command line resumes under an identity of app + total."""
+    path = tmp_path / "ck.h5"
+    old = meta_of("run.py", {"argv": ["--out", "/scratch/job1", "--seed", "3"]})
+    ck.write(path, old, snap([[0, 40]]))
+    before = sha(path)
+    meta, got = ck.resume(path, meta_of("run.py", {}))
+    assert got.n_completed == 40 and sha(path) == before
+    assert (meta.fingerprint, meta.fingerprint_source) == (old.fingerprint, old.fingerprint_source)
+    ck.write(path, meta, snap([[0, 50]]))  # the file keeps its identity: the writer may replace it
+    assert ck.load(path, meta_of("run.py", {})).n_completed == 50
+    # a parameter this run counts must be recorded with the same value
+    refused(path, r"seed only in this run \(3\)", meta_of("run.py", {"seed": 3}))
+    # the same identity: the run's own meta comes back
+    same = meta_of("run.py", {"argv": ["--out", "/scratch/job1", "--seed", "3"]})
+    assert ck.resume(path, same)[0] == same
+
+
+def test_the_results_shape_must_agree_both_ways(tmp_path: Path) -> None:
+    path = tmp_path / "ck.h5"
+    ck.write(path, meta_of("a.py", {"result_fields": ["x", "y"]}), snap([[0, 4]]))
+    msg = refused(path, "belongs to another run", meta_of("a.py", {}))
+    assert 'result_fields only in the checkpoint (["x", "y"])' in msg
 
 
 def test_other_total_is_refused(tmp_path: Path) -> None:
@@ -286,7 +328,7 @@ def test_other_total_is_refused(tmp_path: Path) -> None:
     ck.write(path, META, snap([[0, 4]]))
     other = ck.RunMeta(250, FP, FP_SRC, "{}", "0.1.0")
     msg = refused(path, "total 100 task ids, this run has 250", other)
-    assert "--fresh" in msg
+    assert "to keep its progress, run with total 100" in msg
 
 
 # ---------------------------------------------------------------- write() refusals and errors

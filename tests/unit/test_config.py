@@ -44,3 +44,55 @@ def test_parse_setting_types():
     assert parse_setting("regions", "4x2") == (4, 2)
     assert parse_setting("progress", "on") is True
     assert parse_setting("poll_max", "1e-5") == 1e-5
+
+
+# ---------------------------------------------------------------- the one settings table
+
+from dataclasses import fields  # noqa: E402
+
+from nlevel.config import GROUPS, SETTINGS, Config as _Config  # noqa: E402
+from nlevel.runtime.cli import build_parser  # noqa: E402
+
+
+def test_every_field_is_a_row_of_the_table():
+    assert list(SETTINGS) == [f.name for f in fields(_Config)]
+    for s in SETTINGS.values():
+        assert s.help and s.group in GROUPS, s.name
+        assert s.default == getattr(_Config(), s.name)
+        s.check(s.name, s.default)  # the default passes its own check
+
+
+def test_the_table_drives_flags_variables_and_validation():
+    s = SETTINGS["poll_max"]
+    assert (s.flag, s.env, s.unit, s.kind) == ("--poll-max", "NLEVEL_POLL_MAX", "s", "a number")
+    assert Config.from_env({s.env: "0.002"}).poll_max == 0.002
+    with pytest.raises(ConfigError, match=r"^poll_max must be a number > 0 \(seconds\), got -1$"):
+        s.check("poll_max", -1)
+    assert SETTINGS["on_task_error"].kind == "one of retry, skip, abort"
+    assert SETTINGS["serve_only"].kind == "one of none, master, all"
+
+
+@pytest.mark.parametrize("name,text,value", [
+    ("levels", "auto", 0), ("levels", "AUTO", 0), ("chunk", "auto", 0), ("regions", "auto", ()),
+    ("force_replan", "none", ""), ("switch_interval", "keep", 0.0), ("chunk", "8", 8),
+])
+def test_words_stand_for_values(name, text, value):
+    assert parse_setting(name, text) == value
+    assert SETTINGS[name].show(value) == (text.lower() if not text.isdigit() else f"{text} ids")
+
+
+def test_help_shows_auto_not_zero_and_names_the_variable():
+    text = build_parser().format_help()
+    flat = " ".join(text.split())
+    assert "[default auto; NLEVEL_LEVELS]" in flat and "[default 0;" not in flat and "[default ;" not in flat
+    assert "[default auto; NLEVEL_CHUNK]" in flat and "[default auto; NLEVEL_REGIONS]" in flat
+    assert "[default 2.0 s; NLEVEL_CHECKPOINT_INTERVAL]" in flat
+    for s in SETTINGS.values():
+        assert (f"{s.flag} {s.name.upper()}" in flat) == s.cli, s.name  # progress has --quiet instead
+    for title in GROUPS.values():
+        assert title + ":" in text
+
+
+def test_a_flag_given_as_a_word_reaches_the_config():
+    options = build_parser().parse_args(["--levels", "auto", "--chunk", "auto", "--levels", "3"])
+    assert options.levels == "3" and parse_setting("chunk", options.chunk, source="--chunk") == 0

@@ -69,3 +69,13 @@ def test_dry_run_prints_the_effective_command(monkeypatch, capsys, restore_signa
                        cores=2, root=False)
     assert cmd == ["/x/mpiexec", "-n", "4", "--oversubscribe", "--bind-to", "core", "./app"]
     assert env == {"OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
+def test_without_n_one_process_per_core(monkeypatch):
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    cmd, env = launch.build_command(["python", "-m", "nlevel.run"], cores=3, root=False, open_mpi=True)
+    assert cmd == ["/x/mpiexec", "-n", "3", sys.executable, "-m", "nlevel.run"] and env == {}
+    cmd, _ = launch.build_command(["-c", "2", "./app"], cores=3, root=False, open_mpi=True)
+    assert cmd == ["/x/mpiexec", "-c", "2", "./app"]  # -c is Open MPI's -n: never two counts
+    cmd, _ = launch.build_command(["--hostfile", "hosts", "./app"], cores=3, root=False, open_mpi=True)
+    assert cmd == ["/x/mpiexec", "--hostfile", "hosts", "./app"]  # several hosts: mpiexec counts their slots

@@ -12,8 +12,7 @@ from nlevel.model.calibration import Calibration, save_calibration
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
 from nlevel.sim import default_times, main, make_durations, parse_plan, parse_task_time, simulate
-from nlevel.sim.engine import Engine, LeanSummary
-from nlevel.stats import Summary
+from nlevel.sim.engine import Costs, Engine
 
 MS = 1e-3
 
@@ -46,29 +45,14 @@ CASES = [
 @pytest.mark.parametrize("procs,plan", CASES, ids=lambda c: getattr(c, "describe", lambda: str(c))())
 def test_every_task_committed_exactly_once(procs, plan):
     total = 20 * procs + 7
-    engine = Engine(build(procs, plan), Config(levels=plan.levels), durations(total), 3e-5, 2.5e-4)
+    config = Config(levels=plan.levels, regions=plan.regions, chunk=plan.chunk, serve_only=plan.serve_only, lease_min=1e9)
+    engine = Engine(build(procs, plan), config, durations(total), Costs(2.5e-4, 3e-5))
     result = engine.run()
     ledger = result.ledger
     assert ledger.complete() and ledger.recomputed == 0
     assert result.tasks_run == total
-    assert all(s.done_serving for s in result.stations)
-    assert all(s.dispatcher is None or s.dispatcher.unexpected == 0 for s in result.stations)
-    assert all(s.worker is None or s.worker.final for s in result.stations)
-
-
-def test_lean_summary_keeps_what_the_roles_read():
-    full, lean = Summary(), LeanSummary()
-    for x in make_durations(2000, task_time=(1.0, 9.0), seed=4):
-        full.add(x)
-        lean.add(x)
-    assert (lean.n, lean.lo, lean.hi) == (full.n, full.lo, full.hi)
-    assert lean.mean == pytest.approx(full.mean) and lean.std == pytest.approx(full.std)
-    assert lean.total == pytest.approx(full.total) and lean.sample == []
-
-
-def test_engine_refuses_auto_replanning():
-    with pytest.raises(ConfigError, match="levels=auto"):
-        Engine(build(4, Plan()), Config(levels=0), durations(10), 3e-5, 2.5e-4)
+    assert all(s.done_serving and s.ended for s in result.stations)
+    assert all(s.server is None or s.server.unexpected == 0 for s in result.stations)
 
 
 def test_makespan_is_at_least_the_work_per_process():
@@ -82,26 +66,25 @@ def test_makespan_is_at_least_the_work_per_process():
         assert r.overhead == pytest.approx(1 - sum(d) / (procs * r.makespan))
 
 
-def test_timing_model_is_exact_for_one_slave():
-    # A serve-only master and one slave, constant tasks T: every task costs the slave
-    # T + 2 msg + service, and the final answer one more round trip.
+def test_timing_model_for_one_slave():
+    # A serve-only master and one slave, constant tasks T: the slave claims each id from the
+    # master's board (a few one-sided operations, no message), runs it, and at the end
+    # reports once; the master handles that report, writes, and publishes the end.
     t, msg, svc, k = 1.0, 0.1, 0.01, 5
-    r = simulate(2, Plan(chunk=1, serve_only="master"), [t] * k, svc, msg)
-    assert r.makespan == pytest.approx(k * (t + 2 * msg + svc) + 2 * msg + svc)
-    assert r.requests["slave"]["mean_ms"] == pytest.approx(1e3 * (2 * msg + svc))
-    assert r.requests["slave"]["wait_ms"] == pytest.approx(0.0, abs=1e-9)
+    r = simulate(2, Plan(chunk=1, serve_only="master"), [t] * k, svc, msg, atomic_time=1e-6)
+    assert k * t + msg + svc < r.makespan < k * t + 2 * msg + 5 * svc + 100 * k * 1e-6
+    assert r.requests["slave"]["message_ms"] < 1e3 * 20 * 1e-6  # a claim: a few operations, no message
     # One process alone runs everything in-process: no overhead at all.
-    assert simulate(1, Plan(chunk=1), [t] * k, svc, msg).overhead == pytest.approx(0.0, abs=1e-12)
+    assert simulate(1, Plan(chunk=1), [t] * k, svc, msg).overhead == pytest.approx(0.0, abs=1e-3)
 
 
-def test_master_queue_is_fifo_one_at_a_time():
-    # Four slaves ask at t=0; the master (serve-only) answers them one service time apart.
-    svc, msg = 0.5, 0.0
-    r = simulate(5, Plan(chunk=1, serve_only="master"), [10.0] * 4, svc, msg)
-    # Slave k gets its id at k*svc, runs 10 s, and reports; the last report, handled at
-    # 4*svc + 10 + svc, releases everyone at once.
-    assert r.makespan == pytest.approx(4 * svc + 10.0 + svc)
-    assert r.servers["master"]["messages"] == 8
+def test_reports_queue_at_the_master_one_at_a_time():
+    # Four slaves finish their one 10 s task together; the master (serve-only) handles their
+    # reports one service time apart, then releases everyone.
+    svc = 0.5
+    r = simulate(5, Plan(chunk=1, serve_only="master"), [10.0] * 4, svc, 0.0)
+    assert 10.0 + 4 * svc <= r.makespan <= 10.0 + 5 * svc + 1e-3
+    assert r.servers["master"]["messages"] == 4
 
 
 # -- the shape ---------------------------------------------------------------------------------
@@ -111,35 +94,28 @@ def test_classic_overhead_grows_with_processes():
         r = simulate(procs, Plan(chunk=1), durations(10 * procs), 3e-5, 2.5e-4)
         overheads.append(r.overhead)
     assert overheads == sorted(overheads), overheads
-    assert overheads[-1] > 0.5 > overheads[0]  # 256 slaves saturate a 3e-5 s master on 3.5 ms tasks
+    assert overheads[-1] > 2 * overheads[0]
 
 
 def test_three_levels_beat_classic_when_the_master_is_saturated():
-    procs, svc, msg = 64, 5e-4, 1e-4
-    d = make_durations(20 * procs, task_time=(10 * MS, 20 * MS), seed=1)
+    procs, svc, msg = 64, 2e-3, 1e-4  # 63 ranks reporting every 50 ms: 2.5x what the master handles
+    d = make_durations(100 * procs, task_time=(10 * MS, 20 * MS), seed=1)
     classic = simulate(procs, Plan(chunk=1), d, svc, msg)
     three = simulate(procs, Plan(3, (8,), chunk=1), d, svc, msg)
-    assert classic.servers["master"]["busy"] > 0.95  # saturated
+    assert classic.servers["master"]["busy"] > 0.9  # saturated
     assert three.overhead < 0.5 * classic.overhead, (three.overhead, classic.overhead)
 
 
-def test_auto_plan_is_under_the_threshold_where_classic_is_not():
-    procs, svc, msg = 256, 2.5e-4, 2e-5
+def test_auto_plan_beats_a_saturated_classic():
+    procs, svc, msg = 256, 1e-3, 2e-5
     # 50 tasks each: with fewer, the end of the job (the last tasks' spread) dominates.
     d = make_durations(50 * procs, task_time=(20 * MS, 50 * MS), seed=2)
     classic = simulate(procs, Plan(chunk=1), d, svc, msg)
-    plan, predicted = parse_plan("auto", procs, 1, task_time=35 * MS, service_time=svc, msg_time=msg)
-    auto = simulate(procs, plan, d, svc, msg)
-    assert plan.levels >= 3 and predicted is not None and predicted <= 0.10
+    auto = simulate(procs, None, d, svc, msg)  # --levels auto: the in-job planner decides
+    assert auto.plan.levels >= 3 or auto.plan.chunk > 1
+    assert auto.predicted_overhead is not None and auto.predicted_overhead <= 0.10
     assert classic.overhead > 0.3
-    assert auto.overhead < 0.10
-
-
-def test_gil_delay_only_slows_things_down():
-    d = durations(400)
-    base = simulate(8, Plan(3, (2,), chunk=1), d, 1e-4, 1e-4)
-    slowed = simulate(8, Plan(3, (2,), chunk=1), d, 1e-4, 1e-4, gil_delay=1e-3)
-    assert slowed.makespan > base.makespan
+    assert auto.overhead < 0.5 * classic.overhead  # (it ran classic-sized until the first measurements)
 
 
 # -- determinism and inputs ------------------------------------------------------------------
@@ -162,12 +138,12 @@ def test_durations():
 def test_parse_task_time_and_plan():
     assert parse_task_time("2:5") == (2.0, 5.0)
     assert parse_task_time("3.4") == (3.4, 3.4)
-    classic = parse_plan("classic", 8)[0]
+    classic = parse_plan("classic", 8)
     assert (classic.levels, classic.chunk, classic.serve_only) == (2, 1, "none")
-    plan, _ = parse_plan("levels=3,regions=128,prefetch=3,chunk=2,serve_only=master", 32768)
+    plan = parse_plan("levels=3,regions=128,prefetch=3,chunk=2,serve_only=master", 32768)
     assert (plan.levels, plan.regions, plan.prefetch, plan.chunk, plan.serve_only) == (3, (128,), 3.0, 2, "master")
-    assert parse_plan("levels=4,regions=16x8", 32768)[0].regions == (16, 8)
-    assert parse_plan("levels=3", 64, chunk=0)[0].regions == (8,)  # default regions, --chunk applies
+    assert parse_plan("levels=4,regions=16x8", 32768).regions == (16, 8)
+    assert parse_plan("levels=3", 64, chunk=0).regions == (8,)  # default regions, --chunk applies
     with pytest.raises(PlanError, match="needs at least 256 processes"):
         parse_plan("levels=3,regions=128", 8)
     for bad in ("0", "-1", "5:2", "a:b", "2:", ":5", "1:2:3", "nan", "inf"):
@@ -204,7 +180,14 @@ def test_cli_text_and_task_times_file(tmp_path, capsys):
     f.write_text("# docking times, s\n14\n120\n\n800\n")
     assert main(["--procs", "8", "--task-times-file", str(f), "--tasks-per-proc", "5", "--plan", "auto"]) == 0
     text = capsys.readouterr().out
-    assert "overhead" in text and "makespan" in text and "the model predicted" in text
+    assert "overhead" in text and "makespan" in text
+    assert "the job ended before the sampling finished" in text  # 5 tasks of minutes each: nothing to sample
+
+
+def test_cli_auto_says_what_the_model_predicted(capsys):
+    assert main(["--procs", "64", "--task-time", "0.002:0.005", "--tasks-per-proc", "300", "--plan", "auto"]) == 0
+    text = capsys.readouterr().out
+    assert "the model predicted" in text and "planner's last reason" in text
 
 
 @pytest.mark.parametrize(

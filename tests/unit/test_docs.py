@@ -1,0 +1,156 @@
+"""The docs' own checks (issue 16): generated parts are current, every relative link resolves,
+and the renderer and the link checker find what they claim to (shown on small trees in tmp_path)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from nlevel.config import SETTINGS
+
+from ..conftest import ROOT
+
+_spec = importlib.util.spec_from_file_location("docs_render", os.path.join(ROOT, "docs", "render.py"))
+assert _spec is not None and _spec.loader is not None
+render = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(render)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# ---------------------------------------------------------------- the repository itself
+
+def test_generated_parts_are_current():
+    assert render.stale() == [], "run: python docs/render.py"
+
+
+def test_every_relative_link_in_readme_and_docs_resolves():
+    files = render.markdown_files()
+    assert "README.md" in files and os.path.join("docs", "settings.md") in files
+    assert render.broken_links() == []
+
+
+def test_the_settings_page_has_every_setting_with_its_flag_variable_and_default():
+    page = render.render_settings()
+    for s in SETTINGS.values():
+        row = next(line for line in page.splitlines() if f"`{s.env}`" in line)
+        assert f"`{s.show()}`" in row and (f"`{s.flag}`" in row) == s.cli, row
+    assert "| `--levels` | `NLEVEL_LEVELS` | `auto` |" in page
+
+
+# ---------------------------------------------------------------- the link checker can fail
+
+def tree(tmp_path, files: dict[str, str]):
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(tmp_path)
+
+
+def test_broken_links_and_anchors_are_found(tmp_path):
+    root = tree(tmp_path, {
+        "README.md": "# Top\n\n## `python -m nlevel.run`\n\nSee [usage](docs/usage.md#the-loop), [gone](docs/gone.md),\n"
+                     "[here](#python--m-nlevelrun), [nowhere](#nowhere), ![fig](img/a.png), [web](https://x.org/y),\n"
+                     "[dir](docs/) and [ref].\n\n[ref]: docs/missing.md\n\n"
+                     "```bash\n[not a link](nope.md)\n```\n`[code](nope2.md)`\n",
+        "docs/usage.md": "# Usage\n\n## The loop\n\n[back](../README.md#top) [up](../../outside.md)\n",
+    })
+    assert sorted(render.broken_links(root)) == sorted([
+        "README.md: docs/gone.md (no such file)",
+        "README.md: #nowhere (no heading #nowhere in README.md)",
+        "README.md: img/a.png (no such file)",
+        "README.md: docs/missing.md (no such file)",
+        "docs/usage.md: ../../outside.md (outside the repository)",
+    ])
+
+
+@pytest.mark.parametrize("heading,slug", [
+    ("`python -m nlevel.run`", "python--m-nlevelrun"),
+    ("Guarantees and limits", "guarantees-and-limits"),
+    ("The system MPI, without Slurm", "the-system-mpi-without-slurm"),
+    ("What `--levels auto` does (and why)", "what---levels-auto-does-and-why"),
+    ("Settings_table v2", "settings_table-v2"),
+])
+def test_anchors_are_githubs(heading, slug):
+    assert render.slug(heading) == slug
+
+
+def test_a_repeated_heading_gets_a_number():
+    assert render.anchors("# A\n## A\n```\n# not a heading\n```\n") == {"a", "a-1"}
+
+
+# ---------------------------------------------------------------- tables from saved results
+
+def compare_result(size, over, nl, classic, prov=None):
+    med = {"zero-work": {"nlevel (2 levels)": {"tasks_per_s": nl[0]}, "classic, master serves": {"tasks_per_s": classic[0]}},
+           "2-5 ms": {"nlevel (2 levels)": {"overhead": nl[1]}, "classic, master serves": {"overhead": classic[1]}}}
+    d = {"size": size, "cores": 2, "oversubscribed": over, "repeat": 3, "median": med}
+    if prov:
+        d["provenance"] = prov
+    return d
+
+
+def test_a_block_is_rendered_from_its_files_and_names_command_and_commit(tmp_path):
+    root = tree(tmp_path, {
+        "bench/results/compare-2.json": json.dumps(compare_result(2, False, (418100.2, 0.0746), (280358.0, 0.5067), {
+            "command": "python bench/compare.py --json bench/results/compare-2.json", "commit": "a" * 40})),
+        "bench/results/compare-4.json": json.dumps(compare_result(4, True, (233611.0, 0.1198), (202051.0, 0.26))),
+        "docs/b.md": "# B\n\nBefore.\n<!-- render: compare bench/results/compare-*.json -->\nold text\n<!-- end render -->\nAfter.\n",
+    })
+    text = (tmp_path / "docs/b.md").read_text()
+    new = render.render_text(text, root)
+    assert new.startswith("# B\n\nBefore.\n<!-- render: compare bench/results/compare-*.json -->\n")
+    assert new.endswith("<!-- end render -->\nAfter.\n") and "old text" not in new
+    assert "| system | ids/s, 2 ranks | 2–5 ms overhead, 2 ranks | ids/s, 4 ranks * | 2–5 ms overhead, 4 ranks * |" in new
+    assert "| nlevel (2 levels) | 418,100 | 7.5 % | 233,611 | 12.0 % |" in new
+    assert ("Source: `bench/results/compare-2.json`, `bench/results/compare-4.json`; command: "
+            "`python bench/compare.py --json bench/results/compare-2.json`; commit: `aaaaaaaaaaaa`.") in new
+    assert render.render_text(new, root) == new  # rendering is idempotent
+
+
+def test_a_result_without_provenance_says_so(tmp_path):
+    root = tree(tmp_path, {"r.json": json.dumps({"args": {"trials": 1, "n": 10, "sleep_ms": 5, "size": 4, "levels": 2},
+                                                 "summary": {"plain": {"wall_s": 2.0, "compute_s": 1.0, "ok": 1, "of": 1},
+                                                             "roll back": {"wall_s": 3.0, "ok": 1, "of": 1}}})})
+    out = render.render_block("rollback r.json", root)
+    assert "| roll back | 3.00 | +50.0 % | – | 1/1 |" in out
+    assert out.rstrip().endswith("Source: `r.json`; command: not recorded; commit: not recorded.")
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("nosuch r.json", "unknown renderer 'nosuch'"),
+    ("soak missing-*.json", r"no file matches 'missing-\*\.json'"),
+    ("soak", "name at least one JSON file"),
+    ("soak bad.json", "cannot read bad.json"),
+])
+def test_bad_blocks_are_named(tmp_path, spec, message):
+    root = tree(tmp_path, {"bad.json": "{not json"})
+    with pytest.raises(ValueError, match=message):
+        render.render_block(spec, root)
+
+
+def test_a_stale_block_is_reported(tmp_path, monkeypatch):
+    root = tree(tmp_path, {
+        "README.md": "# R\n",
+        "r.json": json.dumps({"summary": {"trials": 3}, "args": {}}),
+        "docs/x.md": "<!-- render: soak r.json -->\nhand-edited\n<!-- end render -->\n",
+    })
+    monkeypatch.setattr(render, "SETTINGS_PAGE", "docs/x.md")  # (the settings page is checked the same way)
+    (tmp_path / "docs" / "settings.md").write_text("")
+    assert "docs/x.md" in render.stale(root)
+
+
+def test_bench_results_record_their_command_and_commit():
+    spec = importlib.util.spec_from_file_location("bench_provenance", os.path.join(ROOT, "bench", "provenance.py"))
+    assert spec is not None and spec.loader is not None
+    prov = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prov)
+    p = prov.record([os.path.join(ROOT, "bench", "soak.py"), "--trials", "3"])
+    assert p["command"] == "python bench/soak.py --trials 3"
+    assert p["commit"] is None or len(p["commit"]) == 40  # (None outside a git checkout)
+    assert p["cores"] >= 1 and p["when"].endswith("+00:00")
+    assert "commit: `" in render.source_line(["r.json"], [{"provenance": p}]) or p["commit"] is None
