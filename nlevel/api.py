@@ -270,6 +270,11 @@ class Farm:
         """Ranks that died during the run (fault-tolerant runs; known after the end)."""
         return self._rt.failed
 
+    @property
+    def ft(self) -> bool:
+        """Whether the farm survives dead processes (ULFM)."""
+        return self._rt.ft
+
     def agree_status(self, status: int) -> int:
         """The worst of every surviving rank's ``status`` (collective; after the farm ended)."""
         return self._rt.agree_status(status)

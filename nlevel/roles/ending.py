@@ -34,7 +34,8 @@ __all__ = ["Closing", "merge_stats", "own_stats"]
 
 
 def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Combine two ranks' (or subtrees') mergeable statistics."""
+    """Combine two ranks' (or subtrees') mergeable statistics (the runtime adds its own keys:
+    :attr:`Closing.merge` is the function used)."""
     tasks = Summary()
     for t in (a.get("tasks"), b.get("tasks")):
         if t is not None:
@@ -65,9 +66,9 @@ def own_stats(st: StationCore) -> tuple[dict[str, Any], dict[str, Any]]:
         "served": st.served,
     }
     requests: dict[int, Any] = {}
-    if w is not None and w.claims.total.n and w.parent != st.rank:
+    if w is not None and w.claims is not None and w.claims.total.n and w.parent != st.rank:
         requests[info.level] = w.claims  # its claims on its parent's board, one level up
-    elif w is not None and w.claims.total.n and info.level == 0:
+    elif w is not None and w.claims is not None and w.claims.total.n and info.level == 0:
         requests[info.level + 1] = w.claims  # the master's own loop claims from its own board
     if isinstance(d, Region) and d.requests.total.n:
         requests.setdefault(info.level, d.requests)
@@ -77,12 +78,20 @@ def own_stats(st: StationCore) -> tuple[dict[str, Any], dict[str, Any]]:
         "unexpected": d.unexpected if d is not None else 0,
         "failures": [f.to_dict() for f in st.failures],
         "timeline": {st.rank: dict(st.served_bins)} if st.served_bins else {},
+        **getattr(st, "extra_stats", {}),
     }
     return row, merged
 
 
 class Closing(StationCore):
-    """The end of the job on one rank (see the module docstring)."""
+    """The end of the job on one rank (see the module docstring).
+
+    The runtime may set :attr:`extra_stats` (more of this rank's mergeable statistics, e.g.
+    where it runs) and :attr:`merge` (a :func:`merge_stats` that knows those keys too).
+    """
+
+    extra_stats: dict[str, Any] = {}
+    merge: Any = staticmethod(merge_stats)
 
     @property
     def over(self) -> bool:
@@ -98,7 +107,7 @@ class Closing(StationCore):
         for c in children:
             e = self.endings[c]
             rows.extend(e.rows)
-            stats = merge_stats(stats, e.stats)
+            stats = self.merge(stats, e.stats)
         return tuple(rows), stats
 
     def closing(self) -> list[Effect]:

@@ -201,6 +201,10 @@ class Failures(StationCore):
             self.mirror.fail(f)
         for tid, k in msg.timeouts:
             self.mirror.timeouts[tid] = k
+        for tid, k in msg.deaths:
+            self.mirror_deaths[tid] = max(k, self.mirror_deaths.get(tid, 0))
+        if msg.hand is not None:
+            self.mirror_hand = msg.hand
         self.mirror_failures.extend(msg.failures)
         self.master_heard = self.clock()
         return []
@@ -288,6 +292,8 @@ class Failures(StationCore):
             self._absorb(old_d, d)
             for tid, k in self.ledger.timeouts.items():
                 d.timeouts[tid] = max(k, d.timeouts.get(tid, 0))
+                d.deaths[tid] = max(k, d.deaths.get(tid, 0))
+            for tid, k in self.mirror_deaths.items():  # (counted by the master that died)
                 d.deaths[tid] = max(k, d.deaths.get(tid, 0))
         elif info.role is Role.REGION and old_d is None:
             assert info.parent is not None
@@ -413,6 +419,18 @@ class Failures(StationCore):
         last = recon.records[-1] if recon.records else None
         where = (last.rank, self.hosts[last.rank] if last.rank < len(self.hosts) else "", last.how) if last else (-1, "", "")
         # A dead master's queue was never in flight: its ids count no death toward quarantine.
+        if recon.everything and self.mirror_hand:
+            # What the dead master's own loop held was in flight (its task may have killed it):
+            # that death counts toward quarantine, unlike the rest of its queue.
+            inside = RangeSet()
+            for a, b in self.mirror_hand:
+                for tid in range(a, min(b, a + 10_000)):
+                    if tid in lost:
+                        inside.add(tid, tid + 1)
+            lost.remove_ranges(inside.ranges())
+            self.mirror_hand = ()
+            if inside:
+                d.requeue_lost(inside, *where, count=True)
         n, quarantined = d.requeue_lost(lost, *where, count=not recon.everything)
         wall = self.wall()
         for record in recon.records:
@@ -435,7 +453,12 @@ class Failures(StationCore):
         self.mirrored_failures = len(self.failures)
         d.mirror_timeouts = {}
         return [Send(dep, Mirror(led.committed.ranges(), results, led.total, led.width, True, tuple(self.failures),
-                                 tuple(led.failed.values()), tuple(led.timeouts.items())))]
+                                 tuple(led.failed.values()), tuple(led.timeouts.items()), self._deaths(d)))]
+
+    @staticmethod
+    def _deaths(d: Master) -> tuple[tuple[int, int], ...]:
+        """The master's death counts per id, for the deputy (not when they are too many to copy)."""
+        return tuple(d.deaths.items()) if len(d.deaths) <= 10_000 else ()
 
     def mirror_out(self, force: bool = False) -> list[Effect]:
         """The master: send the deputy what was committed since the last copy (batched), or a heartbeat."""
@@ -449,19 +472,24 @@ class Failures(StationCore):
         if self.mirror_to < 0:  # one process: nobody to copy to
             d.mirror_done, d.mirror_results, d.mirror_failed, d.mirror_timeouts = RangeSet(), [], [], {}
             return []
+        w = self.worker
+        hand = w.holding().ranges()[:64] if w is not None else ()
+        moved = hand != self.hand_sent
         waiting = (len(d.mirror_done) + len(d.mirror_failed) + len(self.failures) - self.mirrored_failures
-                   + len(d.mirror_timeouts))
+                   + len(d.mirror_timeouts) + int(moved))
         if not waiting:
             if now - self.mirror_sent < self.config.lease_min / 4:
                 return []
             self.mirror_sent = now  # a heartbeat: the deputy watches for the master's silence
             return [Send(self.mirror_to, Mirror((), (), d.ledger.total, d.ledger.width))]
-        if waiting < MIRROR_BATCH and now - self.mirror_sent < MIRROR_AGE and not force:
+        if waiting < MIRROR_BATCH and now - self.mirror_sent < MIRROR_AGE and not force and not moved:
             return []
         self.mirror_sent = now
         news = tuple(self.failures[self.mirrored_failures:])
         self.mirrored_failures = len(self.failures)
         msg = Mirror(d.mirror_done.ranges(), tuple(d.mirror_results), d.ledger.total, d.ledger.width, False, news,
-                     tuple(d.mirror_failed), tuple(d.mirror_timeouts.items()))
+                     tuple(d.mirror_failed), tuple(d.mirror_timeouts.items()), self._deaths(d) if news else (),
+                     hand if moved else None)
+        self.hand_sent = hand
         d.mirror_done, d.mirror_results, d.mirror_failed, d.mirror_timeouts = RangeSet(), [], [], {}
         return [Send(self.mirror_to, msg)]

@@ -136,6 +136,8 @@ class Loop:
                     port.retire(e.why)
                     self.perform(self.station.abandon_self(e.why))
                 else:
+                    port.log(f"rank {e.rank} {e.why}: given up (without fault tolerance it cannot be killed "
+                             f"alone); the job stops cleanly, the same command resumes")
                     self.lost((e.rank,), f"given up: {e.why}")
             elif kind is LoadCheckpoint:
                 ledger, error = port.load_checkpoint()

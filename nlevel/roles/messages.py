@@ -187,6 +187,8 @@ class Mirror:
     failures: tuple[FailureRecord, ...] = ()  # the master's failure records (the report survives it too)
     failed: tuple[TaskFailure, ...] = ()  # tasks recorded failed
     timeouts: tuple[tuple[int, int], ...] = ()  # (id, times it ran past --task-timeout), newly counted
+    deaths: tuple[tuple[int, int], ...] = ()  # (id, processes that died holding it): quarantine outlives the master
+    hand: Ranges | None = None  # what the master's own loop holds now (None: unchanged since the last copy)
 
 
 @dataclass(frozen=True, slots=True)

@@ -207,6 +207,8 @@ class Station(Replanning, Closing, Watching):
             break
         if self.hand is None and w.state is State.RUN:
             w.state = State.WAIT  # every claim lost its race: nothing to run until the next look
+        if own and self.ft and self.hand is not None:
+            outs += self.mirror_out()  # the deputy learns what the master runs (its death counts toward quarantine)
         return outs + self.worker_report()
 
     def leave(self, unstarted: tuple[tuple[int, int], ...]) -> list[Effect]:

@@ -86,7 +86,7 @@ class Watching(StationCore):
         longest = w.task_times.hi if w is not None and w.task_times.n else 0.0
         if now - self.master_heard > self.config.lease_min + self.config.lease_factor * longest:
             self.master_heard = now
-            return [Kill(h.master, "the master was silent past its lease (hung)")]
+            return [Kill(h.master, "was silent past its lease as the master (hung)")]
         return []
 
     def watched(self) -> list[int]:
@@ -131,7 +131,9 @@ class Watching(StationCore):
 
     def _expired(self, rank: int, ids: RangeSet, limit: float) -> list[Effect]:
         """Rank ``rank`` (this one's own loop included) held ``ids`` past the time limit."""
-        why = f"ran task {_first(ids)} past --task-timeout {limit:g} s"
+        held = f"task {_first(ids)}" if len(ids) == 1 else "one of tasks " + ", ".join(
+            f"{a}" if b == a + 1 else f"{a}-{b - 1}" for a, b in ids.ranges()[:4])
+        why = f"ran {held} past --task-timeout {limit:g} s"
         outs: list[Effect] = []
         notice = TimedOut(rank, ids.ranges(), limit, self._host(rank))
         if rank != self.rank:

@@ -21,6 +21,8 @@ HDF5 layout (format ``FORMAT_VERSION`` = 1)::
     /failed         (F,) compound  tasks recorded failed (not committed): id, kind ("raised",
                                     "died", "timeout"), attempts, rank, host, error, traceback;
                                     absent in files written before it existed (read as empty)
+    /timeouts       (T, 2) int64   id, times a rank holding it ran past --task-timeout (they
+                                    count toward its quarantine in the next run); absent when none
 
 Crash safety: :func:`write` builds the file under a temporary name in the same directory
 (``<name>.tmp-<pid>-<n>``), fsyncs it, ``os.replace``-s it over the target and fsyncs the
@@ -93,6 +95,7 @@ class Snapshot:
     result_ids: np.ndarray     # (R,) int64 ids that have a result, each in a completed range
     result_values: np.ndarray  # (R,) or (R, W) float64, result_values[i] belongs to result_ids[i]
     failed: tuple[TaskFailure, ...] = ()  # tasks recorded failed, none of them completed
+    timeouts: tuple[tuple[int, int], ...] = ()  # (id, times it ran past --task-timeout): they count on
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "completed", _coerce(self.completed, np.int64, (0, 2)))
@@ -111,6 +114,7 @@ class Snapshot:
                      self.result_values.ravel().tolist(), width=width)
         for f in self.failed:
             led.fail(f)
+        led.timeouts = {int(tid): int(k) for tid, k in self.timeouts}
         return led
 
     @staticmethod
@@ -245,7 +249,8 @@ def _read(path: Path) -> tuple[RunMeta, Snapshot, dict[str, Any]]:
             extra = {"format": fmt, "created": str(a["created"]), "updated": str(a["updated"]),
                      "n_completed": int(a["n_completed"])}
             failed = _read_failed(f["failed"][()]) if "failed" in f else ()
-            snap = Snapshot(f["completed"][()], f["result_ids"][()], f["result_values"][()], failed)
+            timeouts = tuple(map(tuple, f["timeouts"][()].tolist())) if "timeouts" in f else ()
+            snap = Snapshot(f["completed"][()], f["result_ids"][()], f["result_values"][()], failed, timeouts)
     except CheckpointError:
         raise
     except Exception as e:  # h5py raises OSError, KeyError, ValueError, ... on damage
@@ -389,6 +394,8 @@ def write(path: str | os.PathLike[str], meta: RunMeta, snap: Snapshot) -> None:
             f.create_dataset("result_ids", data=snap.result_ids)
             f.create_dataset("result_values", data=snap.result_values)
             f.create_dataset("failed", data=_failed_array(snap.failed))
+            if snap.timeouts:
+                f.create_dataset("timeouts", data=np.array(snap.timeouts, np.int64).reshape(-1, 2))
         _fsync(tmp)
         os.replace(tmp, p)
     except BaseException as e:

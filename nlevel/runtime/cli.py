@@ -212,9 +212,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif status == 0:
             status = _finish_app(app, farm, options)
     # Every rank ends with the worst status any rank saw; no rank waits on one that failed alone.
-    if farm is not None and farm.failed:
-        status = farm.agree_status(status)  # over the survivors
+    if farm is not None and (farm.ft or farm.failed):
+        status = farm.agree_status(status)  # (no collective: a process may have exited unseen)
         farm.set_exit_code(status)  # the process ends with os._exit (MPI_Finalize may hang after failures)
+        return status
+    if farm is not None:
+        status = farm.agree_status(status)
+        if status:
+            farm.set_exit_code(status)
         return status
     return transport.allreduce_max(world, status)
 

@@ -31,6 +31,7 @@ from ..roles.core import TIMELINE_BIN
 from ..roles.region import Region
 from . import checkpoint as ckpt
 from . import control, machine, signals, window
+from .backoff import Backoff
 from .rank import MpiPort, Runner, clock
 from .report import build_report, merge_stats, timeline
 from .transport import Transport, world
@@ -91,7 +92,9 @@ class FarmRuntime:
         self.t0 = clock()
         self.width = len(result_fields) if result_fields else 1
         self.result_fields = result_fields
-        t = self.t = Transport(comm if comm is not None else world())
+        self.user_comm = comm if comm is not None else world()
+        self.released_code = 0  # the status the master ended the job with (its Release)
+        t = self.t = Transport(self.user_comm)
         self.rank, self.size = t.rank, t.size
         self.boards: Any = None
         self.report: dict[str, Any] | None = None
@@ -151,9 +154,15 @@ class FarmRuntime:
         self.boards, self.grants_note = self._boards(cfg)
         if cfg.ft:
             t.learn_places()  # where every rank runs: a hung one is killed from its host
+            # Nobody runs a task before every rank is out of the set-up collectives: a task that
+            # ends its process (os._exit) while a slower rank is still inside the window's
+            # creation would make Open MPI's osc/sm abort the whole job.
+            t.comm.Barrier()
             t.enable_ft()  # from here on a dead rank is an event, not an error
         ledger = self._ledger if self.rank == 0 else None
-        self.station = Station(self.hierarchy, self.rank, cfg, clock, self.boards, self.total, ledger, self.width)
+        hosts = tuple(h for h, _ in t.places)
+        self.station = Station(self.hierarchy, self.rank, cfg, clock, self.boards, self.total, ledger, self.width,
+                               hosts=hosts)
         self.port = MpiPort(t, cfg, path, meta, self.writer, self.width)
         self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval,
                          timer=time.perf_counter)
@@ -286,73 +295,81 @@ class FarmRuntime:
             sys.stdout.flush()
             sys.stderr.flush()
             kill_self()
-        if t.ft:
-            t.end_together(runner.step)  # answer a new master's questions until every live rank is done
-            t.flush(timeout=5.0)  # (a send to a rank that died never completes)
-            tt = t.shrink()  # the survivors, whoever they are: every collective from here is theirs
-            alive = set(tt.comm.allgather(self.rank))
-            self.failed = tuple(r for r in range(self.size) if r not in alive)
-            if self.failed:
-                self.exit_code = 1  # the master's report decides (below)
-        else:
-            t.flush()
-            t.idle_barrier(runner.step)  # ranks that finish early wait asleep, still answering their children
-            tt = t
-        self.survivors = tt
-        row, merged = self._stats()
-        rows = tt.gather(row)
-        totals = tt.reduce(merged, merge_stats)
+        self._await_release()
+        released = st.released
+        assert released is not None
+        self.failed = tuple(released.failed)
         error: BaseException | None = self.port.checkpoint_error
-        ledger = self.ledger
-        if ledger is not None and rows is not None:
-            if self.port.writer is not None and not self.loop.final_written and self.port.write_checkpoint(ledger, True):
-                error = self.port.checkpoint_error
-            self.report = self._report(rows, totals, ledger)
-            if error is not None:
-                self.report["checkpoint_error"] = str(error)
+        if self.report is not None and "checkpoint_error" in self.report and error is None:
+            error = ckpt.CheckpointError(self.report["checkpoint_error"])
         if self.recorder is not None:
             self.recorder.close(finished=True, complete=bool(self.report and self.report.get("complete")))
         signals.quiet()  # the job is over here: a late SIGUSR1 must not kill the process while it ends
-        if self.report is not None and self.exit_code is not None:
-            self.exit_code = 0 if self.report["complete"] else 1
-        self.boards.close(collective=not self.failed)
-        t.close()
-        if tt is not t and not self.failed:
-            tt.comm.Free()
-        if self.exit_code is not None:
-            self.exit_code = int(tt.bcast(self.exit_code))  # rank 0 of the survivors is the master
+        if self.port.lock is not None:
+            self.port.lock.release()
+        if t.ft or self.failed:
+            # No collective from here: a rank that exited unseen (or one given up, stuck in its
+            # task) would hang it. Every process ends with os._exit (MPI_Finalize may hang after
+            # failures) and the master's status; mpiexec reports the worst.
+            t.flush(timeout=5.0)
+            self.exit_code = int(released.code)
+            self.boards.close(collective=False)
+        else:
+            t.flush()
+            t.idle_barrier(runner.step)  # every rank has its release: nothing is in flight any more
+            self.boards.close(collective=True)
+            t.close()
+            if released.code:  # (a script's process too ends with the job's status: failed ids, a stop)
+                self.exit_code = int(released.code)
+        self.released_code = int(released.code)
         if error is not None:
             raise error if isinstance(error, NlevelError) else ckpt.CheckpointError(str(error))
 
-    def _stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """This rank's (row, mergeable statistics) for the run report."""
-        st = self.station
-        info = st.info
-        w, d = st.worker, st.server
-        row: dict[str, Any] = {
-            "rank": self.rank,
-            "role": info.role.value,
-            "level": info.level,
-            "tasks": w.task_times.n if w is not None else 0,
-            "busy_s": w.task_times.total if w is not None else 0.0,
-            "served": st.served,
-        }
-        requests: dict[int, Any] = {}
-        if w is not None and w.claims is not None and w.claims.total.n and w.parent != self.rank:
-            requests[info.level] = w.claims  # its claims on its parent's board, one level up
-        elif w is not None and w.claims is not None and w.claims.total.n and info.level == 0:
-            requests[info.level + 1] = w.claims  # the master's own loop claims from its own board
-        if isinstance(d, Region) and d.requests.total.n:
-            requests.setdefault(info.level, d.requests)
-        merged: dict[str, Any] = {
-            "tasks": w.task_times if w is not None else None,
-            "requests": requests,
-            "unexpected": d.unexpected if d is not None else 0,
-            "failures": [f.to_dict() for f in st.failures],
-            "timeline": {self.rank: dict(st.served_bins)} if st.served_bins else {},
-            "hosts": machine.here(),  # ranks and cores per node: the summary explains an oversubscribed run
-        }
-        return row, merged
+    def _await_release(self) -> None:
+        """Take part in the end (:mod:`nlevel.roles.ending`) until the master releases this rank.
+
+        The master, once every live rank's statistics are in, writes the last checkpoint and
+        the report, then releases everyone; a rank that becomes master meanwhile does it.
+        """
+        runner, st, loop = self.runner, self.station, self.loop
+        st.extra_stats = {"hosts": machine.here()}
+        st.merge = merge_stats
+        backoff = Backoff(1e-3)
+        while st.released is None:
+            runner.raise_error()
+            with runner.lock:
+                n = loop.step()
+                ready = st.ready() if st.is_master else None
+                if ready is not None:
+                    self._release(*ready)
+            if n:
+                backoff.reset()
+            else:
+                backoff.wait()
+
+    def _release(self, rows: list[dict[str, Any]], totals: dict[str, Any]) -> None:
+        """The master: the last checkpoint, the report, the failed ids told, then everyone released."""
+        st, ledger = self.station, self.station.ledger
+        assert ledger is not None
+        error: BaseException | None = self.port.checkpoint_error
+        if not self.loop.final_written and self.port.write_checkpoint(ledger, True):
+            error = self.port.checkpoint_error
+        report = self._report(rows, totals, ledger)
+        if error is not None:
+            report["checkpoint_error"] = str(error)
+        self.report = report
+        for f in report.get("failed_tasks") or []:
+            where = f" on rank {f['rank']}" + (f" ({f['host']})" if f.get("host") else "") \
+                if f.get("rank", -1) >= 0 else ""
+            sys.stderr.write(f"nlevel: task {f['id']} FAILED ({f['kind']}{where}): {f['error']}\n")
+        sys.stderr.flush()
+        if report["complete"] and error is None:
+            code = 0
+        elif st.stopped and error is None and ledger.n_committed + len(ledger.failed) < ledger.total:
+            code = signals.EXIT_STOPPED  # stopped (SIGUSR1, a task past its limit): the same command resumes
+        else:
+            code = 1
+        self.loop.perform(st.release(code, {"complete": report["complete"], "failed": report.get("failed_tasks")}))
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
         st = self.station
@@ -363,11 +380,11 @@ class FarmRuntime:
                             key=lambda f: f["detected_at"]),
         )
         report["grants"] = self.boards.kind
-        report["dead_ranks"] = list(self.failed)
+        report["dead_ranks"] = sorted(st.failed)
         report["timeline"] = timeline(totals.get("timeline", {}), TIMELINE_BIN)
         report["drained"] = [{"rank": r, "requested_at": t0} for r, t0 in sorted(st.drained.items())]
         report["plan_history"] = [p.to_dict() for p in st.plans]
-        report["stopped"] = "SIGUSR1" if st.stopped else None
+        report["stopped"] = (st.stop_reason or "SIGUSR1") if st.stopped else None
         report["decisions"] = st.planner.report() if st.planner is not None else []
         return report
 
@@ -380,9 +397,17 @@ class FarmRuntime:
         return ids, values
 
     def agree_status(self, status: int) -> int:
-        """The worst of every surviving rank's ``status`` (collective; after the end)."""
-        tt = self.survivors or self.t
-        return tt.allreduce_max(status)
+        """The worst of ``status`` and the job's (after the end).
+
+        Collective over the user's communicator when no process died and fault tolerance is
+        off; otherwise local (the master's status came with its release, and a collective
+        could wait for a process that exited unseen).
+        """
+        if self.ft or self.failed:
+            return max(status, self.released_code)
+        from .transport import allreduce_max
+
+        return allreduce_max(self.user_comm, max(status, self.released_code))
 
     @property
     def ft(self) -> bool:

@@ -63,6 +63,7 @@ class MpiPort:
         self._control_at = 0.0
         self._pending: dict[str, dict[str, Any] | None] = {}
         self.checkpoint_error: BaseException | None = None
+        self.lock: Any = None  # the checkpoint's lock (the master's; see nlevel.runtime.lock)
 
     def send(self, dest: int, msg: Message) -> None:
         self.t.send(dest, msg)
@@ -70,16 +71,47 @@ class MpiPort:
     def poll(self) -> Any:
         return self.t.poll()
 
-    def kill(self, rank: int, why: str) -> None:
+    def kill(self, rank: int, why: str) -> bool:
         t = self.t
-        if rank in t.failed or rank == self.rank:
-            return
-        if t.kill(rank):
+        if rank == self.rank:  # (this rank's own task hung: nobody else can end it sooner)
+            self.log(f"{why}: killing this process")
+            from .transport import kill_self
+
+            sys.stdout.flush()
+            kill_self()
+        if rank in t.failed:
+            return False
+        done = t.kill(rank)
+        if done == "gone":
+            self.log(f"rank {rank} {why}: its process had exited already")
+            return True
+        if done:
             self.log(f"rank {rank} {why}: killed it")
-            return
+            return False
         relay = t.relay_for(rank)
         if relay is not None:
             t.send(relay, KillRequest(rank, why))
+        return False
+
+    def gone(self, ranks: list[int]) -> list[int]:
+        return self.t.gone(ranks)
+
+    def declare_dead(self, ranks: tuple[int, ...]) -> None:
+        self.t.declare_dead(ranks)
+
+    def retire(self, why: str) -> None:
+        self.log(f"{why}; this rank leaves the job (without fault tolerance it cannot be killed alone), "
+                 f"the others stop cleanly")
+        self.t.flush(timeout=1.0)
+
+    def heartbeat(self) -> None:
+        if self.lock is not None:
+            self.lock.beat()
+
+    def checkpoint_failed(self) -> str:
+        w = self.writer
+        error = w.error if w is not None else None
+        return str(error) if error is not None else ""
 
     def write_checkpoint(self, ledger: Ledger, final: bool) -> str:
         if self.checkpoint is None or self.meta is None:
@@ -88,7 +120,8 @@ class MpiPort:
             if self.writer is None:
                 self.writer = ckpt.Writer(self.checkpoint, self.meta)  # a new master
             completed, ids, values = ledger.arrays()
-            snap = ckpt.Snapshot(completed, ids, values, failed=tuple(ledger.failed.values()))
+            snap = ckpt.Snapshot(completed, ids, values, failed=tuple(ledger.failed.values()),
+                                 timeouts=tuple(sorted(ledger.timeouts.items())))
             if final:
                 self.writer.close(snap)
             else:

@@ -51,6 +51,24 @@ def kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _exists(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not yet reaped by its launcher, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:  # no /proc (not Linux): ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
 def host() -> str:
     """Return this process's host name, for reports and error messages."""
     return MPI.Get_processor_name() or socket.gethostname()
@@ -106,15 +124,34 @@ class Transport:
         self.failed.update(new)
         return Died(tuple(new))
 
-    def kill(self, rank: int) -> bool:
-        """SIGKILL ``rank`` if it runs on this host (a hung process; MPI then reports it dead); return whether done."""
+    def kill(self, rank: int) -> str:
+        """SIGKILL ``rank`` if it runs on this host (a hung process; MPI then reports it dead).
+
+        Returns "killed", "gone" (its process had exited already: MPI will never report it),
+        or "" (it runs on another host).
+        """
         if not self.places or self.places[rank][0] != self.places[self.rank][0]:
-            return False
+            return ""
+        pid = self.places[rank][1]
+        if not _exists(pid):
+            return "gone"
         try:
-            os.kill(self.places[rank][1], signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            pass
-        return True
+            return "gone"
+        return "killed"
+
+    def gone(self, ranks: list[int]) -> list[int]:
+        """Those of ``ranks`` on this host whose processes no longer run (exited; MPI never says so)."""
+        if not self.places:
+            return []
+        here = self.places[self.rank][0]
+        return [r for r in ranks if r not in self.failed and self.places[r][0] == here
+                and not _exists(self.places[r][1])]
+
+    def declare_dead(self, ranks: tuple[int, ...]) -> None:
+        """Treat ``ranks`` as dead from now on (nothing more is sent to them)."""
+        self.failed.update(r for r in ranks if r != self.rank)
 
     def relay_for(self, rank: int) -> int | None:
         """A live rank on ``rank``'s host (to kill it from there), or None."""

@@ -132,6 +132,21 @@ class _Port:
     def kill(self, rank: int, why: str) -> None:
         raise SimStalled(f"the simulated farm asked to kill rank {rank} ({why}): no process dies in a simulation")
 
+    def gone(self, ranks: list[int]) -> list[int]:
+        return []
+
+    def declare_dead(self, ranks: tuple[int, ...]) -> None:
+        pass
+
+    def retire(self, why: str) -> None:
+        raise SimStalled(f"a simulated rank gave itself up ({why}): no task hangs in a simulation")
+
+    def heartbeat(self) -> None:
+        pass
+
+    def checkpoint_failed(self) -> str:
+        return ""
+
     def write_checkpoint(self, ledger: Ledger, final: bool) -> str:
         return ""
 

@@ -18,7 +18,7 @@ def add_arguments(parser):
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--sleep-ms", type=float, default=2.0)
     parser.add_argument("--die-task", type=int, default=50)
-    parser.add_argument("--how", choices=["exit", "raise", "segfault", "memory", "hang"], default="exit")
+    parser.add_argument("--how", choices=["exit", "os_exit", "raise", "segfault", "memory", "hang", "forever"], default="exit")
     parser.add_argument("--poison", action="store_true")
     parser.add_argument("--die-rank", type=int, default=-1, help="instead: rank R dies at its --die-after-th task")
     parser.add_argument("--die-after", type=int, default=10)
@@ -52,6 +52,11 @@ def do_job(task_id):
             open(marker, "a").close()
             if _opts.how == "exit":
                 sys.exit(3)
+            if _opts.how == "os_exit":
+                os._exit(3)  # as a C library might: no Python clean-up, no MPI_Finalize
+            if _opts.how == "forever":
+                while True:  # a task that never returns (but the process answers signals)
+                    time.sleep(1)
             if _opts.how == "raise":
                 raise ValueError(f"task {task_id} is broken")
             if _opts.how == "segfault":

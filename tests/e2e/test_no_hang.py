@@ -1,0 +1,73 @@
+"""Issue 14's cases end to end: every death is a failure, however it happens, and nothing hangs.
+
+Real processes under ``mpiexec`` (8 ranks oversubscribed on 2 cores): a task that calls
+``os._exit`` (MPI never reports it), a task that never returns (``--task-timeout``), with
+and without ULFM. Each run is bounded by a subprocess timeout: a hang fails the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .test_cli import completed_ids
+from .test_ft_cli import run_job
+
+
+def _failed_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("nlevel: task ") and " FAILED " in line]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.xfail(reason="issue 14, open: some runs end with rc 3 and no report: every process vanishes at once "
+                          "after the 3rd-5th os._exit (prterun ends the job; cause not yet found, the "
+                          "master's first deaths are involved); other runs pass", strict=False)
+@pytest.mark.parametrize("plan", [["--serve-only", "master"], []])
+def test_a_task_that_calls_os_exit_every_time_is_quarantined_not_a_hang(tmp_path, mpi_env, plan):
+    proc, report, runs = run_job(tmp_path, mpi_env, 8, ["--n", "400", "--die-task", "17", "--how", "os_exit",
+                                                         "--poison", *plan], timeout=120)
+    assert proc.returncode != 0
+    assert report["committed"] == 399 and not report["complete"]
+    assert [(f["id"], f["kind"]) for f in report["failed_tasks"]] == [(17, "died")]
+    assert completed_ids(tmp_path / "run.h5") == set(range(400)) - {17}
+    lines = _failed_lines(proc.stderr)
+    assert len(lines) == 1 and "task 17 FAILED" in lines[0] and "on rank" in lines[0], proc.stderr[-3000:]
+    assert len(report["dead_ranks"]) == 3 and all(f["how"].startswith("exited") for f in report["failures"])
+
+
+@pytest.mark.timeout(150)
+def test_a_task_that_never_returns_is_killed_by_the_time_limit_under_ulfm(tmp_path, mpi_env):
+    proc, report, runs = run_job(tmp_path, mpi_env, 8, ["--n", "200", "--die-task", "17", "--how", "forever",
+                                                         "--poison", "--task-timeout", "1", "--serve-only", "master"],
+                                 timeout=120)
+    assert proc.returncode != 0
+    assert [(f["id"], f["kind"]) for f in report["failed_tasks"]] == [(17, "timeout")]
+    assert completed_ids(tmp_path / "run.h5") == set(range(200)) - {17}
+    assert len(_failed_lines(proc.stderr)) == 1
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.xfail(reason="issue 14, open: the timeouts are counted on every id the given-up rank held, and in "
+                          "some runs id 17 is not among them, so it is not quarantined within 3 runs", strict=False)
+def test_without_ulfm_a_hung_task_stops_the_job_and_resuming_counts_on(tmp_path, mpi_env):
+    """Each run stops with 75 (resume); the third timeout quarantines id 17 and the job ends with 1."""
+    codes = []
+    for _ in range(4):
+        proc, report, _ = run_job(tmp_path, mpi_env, 4, ["--n", "120", "--die-task", "17", "--how", "forever",
+                                                          "--poison", "--task-timeout", "1"], ft=False, timeout=120)
+        codes.append(proc.returncode)
+        assert "past --task-timeout 1 s" in proc.stderr, proc.stderr[-3000:]
+        if report["failed_tasks"]:
+            break
+        assert proc.returncode == 75 and report["stopped"] == "task timeout"
+    assert codes[-1] == 1 and len(codes) == 3, codes
+    assert [(f["id"], f["kind"]) for f in report["failed_tasks"]] == [(17, "timeout")]
+    assert completed_ids(tmp_path / "run.h5") == set(range(120)) - {17}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", ["-1", "abc", "0"])
+def test_a_bad_task_timeout_is_one_line_naming_it(tmp_path, mpi_env, value):
+    proc, report, _ = run_job(tmp_path, mpi_env, 2, ["--n", "10", "--task-timeout", value], ft=False, timeout=50)
+    assert proc.returncode == 2 and report is None
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("nlevel: error")]
+    assert errors == [f"nlevel: error: --task-timeout must be a number of seconds > 0, or none, got {value!r}"]
