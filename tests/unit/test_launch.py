@@ -8,6 +8,12 @@ import pytest
 from nlevel.runtime import launch
 
 
+@pytest.fixture(autouse=True)
+def chosen_one_sided_component(monkeypatch):
+    """The tests below compare whole environments: the one-node OMPI_MCA_osc default has its own test."""
+    monkeypatch.setenv("OMPI_MCA_osc", "sm")
+
+
 def test_root_and_oversubscription_are_handled(monkeypatch):
     monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
     cmd, env = launch.build_command(["-n", "8", "python", "-m", "nlevel.run"], cores=2, root=True, open_mpi=True)
@@ -19,7 +25,6 @@ def test_root_and_oversubscription_are_handled(monkeypatch):
 
 def test_nothing_added_when_not_needed(monkeypatch):
     monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
-    monkeypatch.setenv("OMPI_MCA_osc", "pt2pt")  # (the user's choice of one-sided component is kept)
     cmd, env = launch.build_command(["-n", "2", "./app"], cores=4, root=False, open_mpi=True)
     assert cmd == ["/x/mpiexec", "-n", "2", "./app"] and env == {}
     cmd, env = launch.build_command(["-n", "8", "./app"], cores=2, root=True, open_mpi=False)
