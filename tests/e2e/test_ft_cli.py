@@ -65,7 +65,7 @@ def test_a_raising_task_is_retried_then_recorded_failed(tmp_path, mpi_env):
     assert not report["complete"] and report["committed"] == 119
     [failed] = report["failed_tasks"]
     assert failed["id"] == 50 and failed["attempts"] == 3
-    assert "ValueError: task 50 is broken" in failed["error"] and "rank" in failed["error"]
+    assert failed["error"] == "ValueError: task 50 is broken" and failed["rank"] >= 0 and failed["host"]  # (as data)
     assert runs[50] == 3
 
 
@@ -86,7 +86,7 @@ def test_a_hung_process_is_killed_when_its_lease_expires(tmp_path, mpi_env, rank
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["complete"] and report["dead_ranks"] == [rank]
     assert completed_ids(tmp_path / "run.h5") == set(range(300))
-    assert f"rank {rank} held tasks past its lease; killed it" in proc.stderr
+    assert f"rank {rank} held tasks past its lease (hung): killed it" in proc.stderr
 
 
 @pytest.mark.timeout(240)
