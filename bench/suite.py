@@ -75,6 +75,7 @@ FT_VARIANTS = {  # name: (mpiexec options, nlevel.run options)
 }
 CLASSIC = "classic, master serves"
 NLEVEL = "nlevel (defaults: auto)"
+COUNTER = "one-sided counter (mpi4py.util.sync.Counter)"
 
 
 def cores() -> int:
@@ -112,13 +113,15 @@ def load_json(path: str) -> Any:
         return json.load(f)
 
 
-def run_compare(n: int, c: dict[str, int], workdir: str, timeout: float) -> dict[str, Any]:
-    """Items 1 and 2 for nlevel, classic and the raw round trip at ``n`` processes (bench/compare.py)."""
-    out = os.path.join(workdir, f"compare-{n}.json")
-    args = [os.path.join(HERE, "compare.py"), "--zero", str(c["zero"]), "--tasks-per-proc", str(c["tasks_per_proc"]),
-            "--long-tasks-per-proc", str(c["long_tasks_per_proc"]), "--rtt", str(c["rtt"]),
-            "--repeat", str(c["repeat"]), "--sweep", "--json", out]
-    run = mpirun(n, args, workdir, timeout)
+def run_compare(n: int, c: dict[str, int], workdir: str, timeout: float, ulfm: bool = False) -> dict[str, Any]:
+    """Items 1 and 2 for nlevel, classic, the one-sided counter and the raw round trip at ``n`` processes
+    (bench/compare.py); ``ulfm``: under ``mpiexec --with-ft ulfm``, [2, 5] ms tasks only."""
+    out = os.path.join(workdir, f"compare-{n}{'-ulfm' if ulfm else ''}.json")
+    args = [os.path.join(HERE, "compare.py"), "--zero", str(c["zero"] if not ulfm else 1000),
+            "--tasks-per-proc", str(c["tasks_per_proc"]),
+            "--long-tasks-per-proc", str(c["long_tasks_per_proc"] if not ulfm else 0), "--rtt", str(c["rtt"] if not ulfm else 0),
+            "--repeat", str(c["repeat"]), *([] if ulfm else ["--sweep"]), "--json", out]
+    run = mpirun(n, args, workdir, timeout, ["--with-ft", "ulfm"] if ulfm else None)
     if run["returncode"] == 0:
         run["result"] = load_json(out)
     return run
@@ -249,6 +252,11 @@ def rows(data: dict[str, Any]) -> list[list[str]]:
             if case.startswith("zero-work"):
                 out.append(["1 zero-work tasks/s", _n(n), f"MPIPoolExecutor.map, {case.split(', ')[1]}",
                             f"{m['tasks_per_s']:,.0f}", _x(m["tasks_per_s"], base), "classic"])
+        two = med.get("2 tasks", {})
+        c2 = (two.get(COUNTER) or {}).get("wall_s")
+        for s, m in two.items():
+            out.append(["0 a farm of 2 tasks, wall", _n(n), s, f"{1e3 * m['wall_s']:.1f} ms",
+                        f"+{1e3 * (m['wall_s'] - c2):.1f} ms" if c2 is not None else "", "counter"])
         if not cmp:
             out.append(["1-2", _n(n), "nlevel / classic (bench/compare.py)", "failed", "", ""])
         if not fut:
@@ -262,6 +270,14 @@ def rows(data: dict[str, Any]) -> list[list[str]]:
             if f:
                 out.append([f"2 {label}", _n(n), "MPIPoolExecutor.map, chunksize 1", _pct(f["overhead"]),
                             _x(f["overhead"], b), "classic"])
+    for n, run in (data.get("compare_ulfm") or {}).items():
+        by = ((run.get("result") or {}).get("median") or {}).get("2-5 ms", {})
+        b = (by.get(COUNTER) or {}).get("overhead")
+        for s, m in by.items():
+            out.append(["2 [2, 5] ms overhead, --with-ft ulfm", _n(int(n)), s, _pct(m["overhead"]),
+                        _x(m["overhead"], b), "counter"])
+        if not by:
+            out.append(["2 [2, 5] ms overhead, --with-ft ulfm", _n(int(n)), "bench/compare.py", "failed", "", ""])
     rel = data.get("reliability") or {}
     rmed = rel.get("median", {})
     plain = (rmed.get("plain") or {}).get("wall_s")
@@ -305,8 +321,45 @@ def targets(data: dict[str, Any]) -> list[str]:
         if CLASSIC in short:
             parts.append(f"[2, 5] ms overhead {short[NLEVEL]['overhead'] / short[CLASSIC]['overhead']:.2f} x classic "
                          "(target < 1 at 8)")
+        if COUNTER in zero:
+            need = 0.9 if n <= 2 else 1.0
+            r = nl / zero[COUNTER]["tasks_per_s"]
+            parts.append(f"zero-work {r:.2f} x the one-sided counter (target >= {need:g}): {'MET' if r >= need else 'NOT MET'}")
+        if COUNTER in short:
+            floor = 0.01 if n <= 2 else 0.02
+            limit = max(floor, 2 * short[COUNTER]["overhead"])
+            o = short[NLEVEL]["overhead"]
+            parts.append(f"[2, 5] ms overhead {100 * o:.2f} % against max({100 * floor:.0f} %, 2 x counter's "
+                         f"{100 * short[COUNTER]['overhead']:.2f} %) = {100 * limit:.2f} %: {'MET' if o <= limit else 'NOT MET'}")
+        two = cmp.get("median", {}).get("2 tasks", {})
+        if COUNTER in two and NLEVEL in two:
+            d = two[NLEVEL]["wall_s"] - two[COUNTER]["wall_s"]
+            parts.append(f"2-task farm {1e3 * d:+.1f} ms against the counter (target <= +50 ms): "
+                         f"{'MET' if d <= 0.05 else 'NOT MET'}")
+        p50 = request_p50(cmp)
+        if p50 is not None:
+            parts.append(f"request p50 {p50:.1f} us from nlevel's report, zero-work, auto"
+                         + (f" (target <= 20 us at 2): {'MET' if p50 <= 20 else 'NOT MET'}" if n <= 2 else ""))
         lines.append(f"N={_n(n)}: " + "; ".join(parts))
+    for n, run in (data.get("compare_ulfm") or {}).items():
+        short = ((run.get("result") or {}).get("median") or {}).get("2-5 ms", {})
+        if COUNTER in short and NLEVEL in short:
+            limit = max(0.02, 2 * short[COUNTER]["overhead"])
+            o = short[NLEVEL]["overhead"]
+            lines.append(f"N={_n(int(n))}, --with-ft ulfm: [2, 5] ms overhead {100 * o:.2f} % against {100 * limit:.2f} %: "
+                         f"{'MET' if o <= limit else 'NOT MET'}")
     return lines
+
+
+def request_p50(cmp: dict[str, Any]) -> float | None:
+    """Median over runs of the slaves' request p50 (us) in nlevel's own report, zero-work tasks, defaults."""
+    vals = []
+    for r in ((cmp.get("runs") or {}).get("zero-work") or {}).get(NLEVEL, []):
+        req = ((r.get("report") or {}).get("requests") or {}).get("slave") or {}
+        p = (req.get("total") or {}).get("p50")
+        if p is not None:
+            vals.append(1e3 * p)  # (the report's request times are in ms)
+    return statistics.median(vals) if vals else None
 
 
 def format_table(table: list[list[str]]) -> str:
@@ -353,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "skipped": {"dask": "not measured: not a dependency of nlevel, and dask-mpi runs ~650 zero-work tasks/s here "
                             "(shared/DESIGN.md), far below every other row"},
-        "compare": {}, "futures": {}, "reliability": {}, "memory": [],
+        "compare": {}, "futures": {}, "compare_ulfm": {}, "reliability": {}, "memory": [],
     }
     with tempfile.TemporaryDirectory(prefix="nlevel-suite-") as workdir:
         if "dispatch" in only:
@@ -365,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             procs = []
             data["settings"]["procs"] = []
+            ft_n = args.ft_procs
+            print(f"N={ft_n}: nlevel, classic, counter under --with-ft ulfm ...", file=sys.stderr, flush=True)
+            data["compare_ulfm"] = {str(ft_n): run_compare(ft_n, c, workdir, args.timeout, ulfm=True)}
         if "reliability" in only:
             print(f"N={args.ft_procs}: reliability (ULFM, checkpoint) ...", file=sys.stderr, flush=True)
             data["reliability"] = run_reliability(args.ft_procs, c, workdir, args.timeout)
@@ -390,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(data, f, indent=1)
             f.write("\n")
         print(f"wrote {args.json} ({data['seconds']:.0f} s)")
-    failed = [r for r in [*data["compare"].values(), *data["futures"].values()] if r.get("returncode") != 0]
+    failed = [r for r in [*data["compare"].values(), *data["futures"].values(), *data["compare_ulfm"].values()]
+              if r.get("returncode") != 0]
     if args.notebook and args.json:
         run_notebook(args.json)
     return 1 if failed else 0

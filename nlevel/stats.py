@@ -95,11 +95,14 @@ class Summary:
         d = other._mean - self._mean
         self._m2 += other._m2 + d * d * self.n * other.n / n
         self._mean += d * other.n / n
-        # Keep the merged sample proportional to the two streams' sizes.
-        k_other = round(self.cap * other.n / n)
-        mine = self._rng.sample(self.sample, min(len(self.sample), self.cap - k_other))
-        theirs = self._rng.sample(other.sample, min(len(other.sample), k_other))
-        self.sample = mine + theirs
+        if other.sample:
+            # Keep the merged sample proportional to the two streams' sizes.
+            k_other = round(self.cap * other.n / n)
+            mine = self._rng.sample(self.sample, min(len(self.sample), self.cap - k_other))
+            theirs = self._rng.sample(other.sample, min(len(other.sample), k_other))
+            self.sample = mine + theirs
+        # (else: nothing to add to the sample, and resampling it on every merge would cost
+        # O(cap) per report: the simulator merges millions)
         self.n = n
         self.total += other.total
         self.lo = min(self.lo, other.lo)

@@ -8,5 +8,5 @@ the built-in workload, ``nlevel-mpiexec`` (:mod:`~nlevel.runtime.launch`) and
 ``python -m nlevel.run`` (:mod:`~nlevel.runtime.cli`).
 
 May import: anything in :mod:`nlevel` except :mod:`nlevel.sim` and :mod:`nlevel.testing`.
-mpi4py is imported here only, in at most three modules (transport, cli, calibrate).
+mpi4py is imported here only, in at most three modules (transport, window, calibrate).
 """

@@ -44,7 +44,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 import numpy.typing as npt
 
@@ -208,13 +207,23 @@ def _move_aside(path: Path) -> Path:
     raise AssertionError("unreachable")
 
 
-_STR = h5py.string_dtype()
-_FAILED = np.dtype([("id", np.int64), ("kind", _STR), ("attempts", np.int64), ("rank", np.int64),
-                    ("host", _STR), ("error", _STR), ("traceback", _STR)])
+def _h5() -> Any:
+    """h5py, imported when a checkpoint is first read or written (it costs ~0.1 s: a job without
+    a checkpoint should not pay it before its first id)."""
+    import h5py
+
+    return h5py
+
+
+def _failed_dtype() -> np.dtype[Any]:
+    text = _h5().string_dtype()
+    return np.dtype([("id", np.int64), ("kind", text), ("attempts", np.int64), ("rank", np.int64),
+                     ("host", text), ("error", text), ("traceback", text)])
 
 
 def _failed_array(failed: tuple[TaskFailure, ...]) -> np.ndarray:
-    return np.array([(f.id, f.kind, f.attempts, f.rank, f.host, f.error, f.traceback) for f in failed], dtype=_FAILED)
+    rows = [(f.id, f.kind, f.attempts, f.rank, f.host, f.error, f.traceback) for f in failed]
+    return np.array(rows, dtype=_failed_dtype())
 
 
 def _text(x: Any) -> str:
@@ -229,13 +238,13 @@ def _read_failed(rows: np.ndarray) -> tuple[TaskFailure, ...]:
 def _read(path: Path) -> tuple[RunMeta, Snapshot, dict[str, Any]]:
     corrupt = f"checkpoint {path} is corrupt or truncated"
     try:
-        is_hdf5 = h5py.is_hdf5(path)
+        is_hdf5 = _h5().is_hdf5(path)
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
     if not is_hdf5:
         raise CheckpointError(f"checkpoint {path} is not an HDF5 file; {_NOT_OURS}")
     try:
-        with h5py.File(path, "r") as f:
+        with _h5().File(path, "r") as f:
             a = f.attrs
             if _ROOT_MARK not in a:
                 raise CheckpointError(f"{path} is an HDF5 file but not an nlevel checkpoint "
@@ -349,7 +358,7 @@ def _previous_created(path: Path, meta: RunMeta) -> str | None:
     if not path.exists():
         return None
     try:
-        with h5py.File(path, "r") as f:
+        with _h5().File(path, "r") as f:
             a = dict(f.attrs)
     except Exception as e:
         raise CheckpointError(f"refusing to replace {path}: it is not a readable nlevel "
@@ -383,7 +392,7 @@ def write(path: str | os.PathLike[str], meta: RunMeta, snap: Snapshot) -> None:
     created = _previous_created(p, meta) or now
     tmp = _temp_name(p)
     try:
-        with h5py.File(tmp, "x") as f:
+        with _h5().File(tmp, "x") as f:
             f.attrs.update({_ROOT_MARK: FORMAT_VERSION, "total": meta.total,
                             "fingerprint": meta.fingerprint,
                             "fingerprint_source": meta.fingerprint_source, "plan": meta.plan,

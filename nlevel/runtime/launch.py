@@ -114,7 +114,19 @@ def build_command(
             env["OMPI_MCA_mpi_yield_when_idle"] = "1"
             if "--bind-to" not in opts:
                 extra += ["--bind-to", "none"]
+        if one_node(opts) and "OMPI_MCA_osc" not in os.environ:
+            # On one node the shared-memory window (osc/sm) serves every one-sided operation;
+            # the wheel's UCX component finds no network device and prints an error per rank.
+            env["OMPI_MCA_osc"] = "^ucx"
     return [mpiexec, *extra, *opts, *command], env
+
+
+def one_node(opts: Sequence[str]) -> bool:
+    """Whether the job runs on this node only: no host options, no multi-node batch allocation."""
+    if any(o in _HOSTS for o in opts):
+        return False
+    nodes = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
+    return nodes == "1" and not os.environ.get("PBS_NODEFILE") and not os.environ.get("LSB_HOSTS")
 
 
 _FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)

@@ -10,7 +10,7 @@ import pytest
 
 from nlevel.model.calibration import load_calibration
 
-from ..unit.test_queueing import plan_cli
+from ..unit.test_planner import plan_cli
 
 
 @pytest.mark.timeout(180)
@@ -23,6 +23,9 @@ def test_calibrate_measures_and_later_plans_use_it(tmp_path, mpi_env):
     assert proc.returncode == 0, proc.stderr
     cal = load_calibration(path)
     assert cal is not None and 0 < cal.service_time < 0.1 and 0 < cal.msg_time < 0.1
+    assert 0 < cal.atomic_time < 0.01 and 0 < cal.atomic_service < 0.01  # the one-sided operation, both ends
     out = plan_cli("--procs", "64", "--task-time", "0.01", "--calibration", path, "--json")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["inputs"]["service_time_s"] == pytest.approx(cal.service_time)
+    inputs = json.loads(out.stdout)["inputs"]
+    assert inputs["service_time_s"] == pytest.approx(cal.service_time)
+    assert inputs["atomic_time_s"] == pytest.approx(cal.atomic_time)

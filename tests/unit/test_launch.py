@@ -8,6 +8,12 @@ import pytest
 from nlevel.runtime import launch
 
 
+@pytest.fixture(autouse=True)
+def chosen_one_sided_component(monkeypatch):
+    """The tests below compare whole environments: the one-node OMPI_MCA_osc default has its own test."""
+    monkeypatch.setenv("OMPI_MCA_osc", "sm")
+
+
 def test_root_and_oversubscription_are_handled(monkeypatch):
     monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
     cmd, env = launch.build_command(["-n", "8", "python", "-m", "nlevel.run"], cores=2, root=True, open_mpi=True)
@@ -79,3 +85,17 @@ def test_without_n_one_process_per_core(monkeypatch):
     assert cmd == ["/x/mpiexec", "-c", "2", "./app"]  # -c is Open MPI's -n: never two counts
     cmd, _ = launch.build_command(["--hostfile", "hosts", "./app"], cores=3, root=False, open_mpi=True)
     assert cmd == ["/x/mpiexec", "--hostfile", "hosts", "./app"]  # several hosts: mpiexec counts their slots
+
+
+def test_one_node_leaves_one_sided_operations_to_shared_memory(monkeypatch):
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    monkeypatch.delenv("OMPI_MCA_osc", raising=False)
+    for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PBS_NODEFILE", "LSB_HOSTS"):
+        monkeypatch.delenv(var, raising=False)
+    _, env = launch.build_command(["-n", "2", "./app"], cores=4, root=False, open_mpi=True)
+    assert env == {"OMPI_MCA_osc": "^ucx"}
+    _, env = launch.build_command(["-n", "2", "--host", "a,b", "./app"], cores=4, root=False, open_mpi=True)
+    assert env == {}  # several nodes: UCX may be what reaches the others
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "4")
+    _, env = launch.build_command(["-n", "2", "./app"], cores=4, root=False, open_mpi=True)
+    assert env == {}
