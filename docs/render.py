@@ -14,7 +14,8 @@ Two kinds of generated text, never typed by hand:
       (this part is replaced)
       <!-- end render -->
 
-  Renderers: ``suite`` (``bench/suite.py``'s table), ``compare`` (``bench/compare.py``),
+  Renderers: ``suite`` (``bench/suite.py``'s table), ``peers`` (the same file, condensed to
+  one row per system at the process counts that were not oversubscribed), ``compare`` (``bench/compare.py``),
   ``soak`` (``bench/soak.py``), ``rollback`` (``bench/rollback.py``), ``sim``
   (``bench/sim_points.py``). Each table ends with the file it came from, the command that
   made it and the commit, or says plainly that the file does not record them.
@@ -152,6 +153,36 @@ def render_suite(results: Results) -> list[str]:
     return out
 
 
+def render_peers(results: Results) -> list[str]:
+    """``bench/suite.py``, condensed: one row per system, one column per throughput or overhead measure, at the
+    process counts that had a core each (all counts, if every one was oversubscribed)."""
+    d = results[0][1]
+    machine = d.get("machine", {})
+    over = d.get("settings", {}).get("oversubscribed", {})
+    repeat = d.get("settings", {}).get("counts", {}).get("repeat")
+    rows = [r for r in d.get("table", []) if re.sub(r"^\d+\s+", "", r[0]).endswith(("tasks/s", "overhead"))]
+    counts = list(dict.fromkeys(str(r[1]) for r in rows))
+    fit = [n for n in counts if not (n.endswith("*") or over.get(n))] or counts
+    sections = list(dict.fromkeys(r[0] for r in rows))
+    systems = list(dict.fromkeys(r[2] for r in rows if str(r[1]) in fit))
+    cell = {(str(r[1]), r[2], r[0]): str(r[3]).split(";")[0].strip() for r in rows}
+    header = (["N"] if len(fit) > 1 else []) + ["system"] + [re.sub(r"^\d+\s+", "", s) for s in sections]
+    body = []
+    for n in fit:
+        for sys_ in systems:
+            vals = [cell.get((n, sys_, s), "–") for s in sections]
+            if any(v != "–" for v in vals):
+                body.append(([n] if len(fit) > 1 else []) + [sys_] + vals)
+    cores = machine.get("cores")
+    procs = "/".join(fit)
+    return table(header, body) + [
+        "",
+        f"{procs} processes on {cores if cores is not None else '?'} cores ({machine.get('cpu', '?')}, "
+        f"{machine.get('mpi', '?').split(',')[0]}), median of {repeat or '?'} runs; overhead = 1 − Σ task time / "
+        f"(N × wall), every process counted, so a master that only serves costs 1/N by itself.",
+    ]
+
+
 def render_compare(results: Results) -> list[str]:
     """``bench/compare.py``: zero-work ids/s and the overhead of 2–5 ms tasks, one column pair per process count."""
     data = sorted((d for _, d in results), key=lambda d: d.get("size", 0))
@@ -237,6 +268,7 @@ def render_sim(results: Results) -> list[str]:
 
 RENDERERS: dict[str, Callable[[Results], list[str]]] = {
     "suite": render_suite,
+    "peers": render_peers,
     "compare": render_compare,
     "soak": render_soak,
     "rollback": render_rollback,

@@ -1,11 +1,15 @@
 """The roles: pure state machines for master, region-master and slave, message in, sends out.
 
-Owns the wire messages and their encoding (:mod:`~nlevel.roles.messages`), the slave's
-side (:mod:`~nlevel.roles.worker`), the servers' side (:mod:`~nlevel.roles.dispatch`),
-one rank's roles wired together (:mod:`~nlevel.roles.station`), the completion record
-(:mod:`~nlevel.roles.ledger`), failure handling (:mod:`~nlevel.roles.recovery`,
-:mod:`~nlevel.roles.repair`) and the in-job planner (:mod:`~nlevel.roles.autoplan`).
-The MPI runtime, the simulator and the tests drive the same classes.
+Owns the wire messages and their encoding (:mod:`~nlevel.roles.messages`), events and
+effects (:mod:`~nlevel.roles.events`), the boards of one-sided grants
+(:mod:`~nlevel.roles.board`), the slave's side (:mod:`~nlevel.roles.worker`), the servers'
+side (:mod:`~nlevel.roles.server`, :mod:`~nlevel.roles.master`, :mod:`~nlevel.roles.region`),
+one rank's roles wired together (:mod:`~nlevel.roles.core`, :mod:`~nlevel.roles.station`),
+the completion record (:mod:`~nlevel.roles.ledger`), failure handling
+(:mod:`~nlevel.roles.recovery`, :mod:`~nlevel.roles.failures`), plan changes
+(:mod:`~nlevel.roles.replan`), the in-job planner (:mod:`~nlevel.roles.autoplan`) and the
+one loop around a station (:mod:`~nlevel.roles.loop`). The MPI runtime, the simulator and
+the tests drive the same classes.
 
 May import: the standard library, numpy, :mod:`nlevel.errors`, :mod:`nlevel.config`,
 :mod:`nlevel.ranges`, :mod:`nlevel.stats`, :mod:`nlevel.model` and its own modules.

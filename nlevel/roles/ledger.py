@@ -75,7 +75,7 @@ class Ledger:
         return n
 
     def fail(self, failure: TaskFailure) -> None:
-        """Record a task as failed (not committed: ``--retry-failed`` runs it again)."""
+        """Record a task as failed (not committed; a resume does not run it again)."""
         if failure.id not in self.committed:
             self.failed[failure.id] = failure
 

