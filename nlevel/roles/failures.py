@@ -80,9 +80,9 @@ class Failures(StationCore):
             for x in sorted(new & set(d.strangers)):
                 d.requeue_lost(d.drop_stranger(x))  # (it took them here before this rank knew it as a child)
             for x in sorted(new & set(d.children)):
-                gone = d.children[x]
-                silent = d.clock() - gone.heard
-                why = "lease expired (hung)" if gone.leased else "drained (left, then ended)" if gone.left else how
+                child = d.children[x]
+                silent = d.clock() - child.heard
+                why = "lease expired (hung)" if child.leased else "drained (left, then ended)" if child.left else how
                 held = d.drop_child(x)
                 record = replace(_record(x, old, len(held), why, self.rank, wall), silent_ms=round(silent * 1e3, 3))
                 if old[x].children:

@@ -129,7 +129,7 @@ class _Port:
     def poll(self) -> None:
         return None
 
-    def kill(self, rank: int, why: str) -> None:
+    def kill(self, rank: int, why: str) -> bool:
         raise SimStalled(f"the simulated farm asked to kill rank {rank} ({why}): no process dies in a simulation")
 
     def gone(self, ranks: list[int]) -> list[int]:

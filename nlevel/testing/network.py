@@ -392,7 +392,7 @@ class Network:
         for n in range(max_steps):
             while pending and pending[0][0] <= n:
                 event = pending.pop(0)
-                victim, kind = event[1], (event[2] if len(event) > 2 else "kill")
+                victim, kind = int(event[1]), str(event[2]) if len(event) > 2 else "kill"
                 if len([r for r in self.live() if r not in self.hung]) > 1:
                     {"kill": self.die, "vanish": self.vanish, "hang": self.hang}[kind](victim)
             for r, u in list(self.users.items()):
