@@ -64,7 +64,7 @@ class Costs:
     report_age: float = 0.05
     batch_age: float = 0.05
     batch: int = 1024
-    chunk_target: float = 2e-3
+    chunk_target: float = 8e-3
     max_chunk: int = 256
     detect: float = 1e-3
     headroom: float = 0.7

@@ -66,7 +66,7 @@ class Sizing:
             find it empty between two of its owner's ticks).
     """
 
-    def __init__(self, chunk: int = 0, chunk_target: float = 2e-3, max_chunk: int = 256,
+    def __init__(self, chunk: int = 0, chunk_target: float = 8e-3, max_chunk: int = 256,
                  prefetch: float = 2.0, horizon: float = 0.01) -> None:
         self.chunk = chunk
         self.chunk_target = chunk_target
@@ -352,7 +352,7 @@ class Server:
             # what the board's claimers take over the horizon (the owner's tick period, a few times).
             if kind == LEAF:
                 size = self.leaf_chunk(available)
-                depth = max(2 * claimers, math.ceil(self.rate[LEAF] * self.sizing.horizon / size))
+                depth = max(4 * claimers, math.ceil(self.rate[LEAF] * self.sizing.horizon / size))
             else:
                 weight = max(1, round(self.live_weight[UPPER] / claimers))
                 size = self.block(available, weight)

@@ -182,6 +182,8 @@ class FarmRuntime:
             self.recorder.start()
         if self.grants_note and self.rank == 0:
             sys.stderr.write(f"nlevel: {self.grants_note}\n")
+        if self.station.server is not None:
+            self.loop.step()  # stock its boards now: its children's first claims must not wait for a thread
         self.runner.start()
 
     def _decide(self, total: Any, checkpoint: Any, fingerprint: Any, fresh: bool,
@@ -334,7 +336,7 @@ class FarmRuntime:
         runner, st, loop = self.runner, self.station, self.loop
         st.extra_stats = {"hosts": machine.here()}
         st.merge = merge_stats
-        backoff = Backoff(1e-3)
+        backoff = Backoff(self.config.poll_max)  # (the end is on every rank's critical path: a short job waits for it)
         while st.released is None:
             runner.raise_error()
             with runner.lock:

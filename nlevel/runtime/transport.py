@@ -227,14 +227,14 @@ class Transport:
         return t
 
     def idle_barrier(self, step: Any = None) -> None:
-        """A barrier that waits asleep (backing off to 1 ms), so early finishers leave the cores to the others.
+        """A barrier that waits asleep (backing off to ``poll_max``), so early finishers leave the cores to the others.
 
         ``step()`` is called meanwhile (it returns whether anything arrived): a server whose
         children reach their boards by messages (the two-sided fallback) answers until the last
         child has seen the end.
         """
         req = self.comm.Ibarrier()
-        backoff = Backoff(1e-3)
+        backoff = Backoff(self.poll_max)
         while not req.Test():
             if step is not None and step():
                 backoff.reset()
