@@ -102,9 +102,12 @@ class FarmRuntime:
         self.survivors: Transport | None = None
         self.exit_code: int | None = None
         self.writer: ckpt.Writer | None = None
+        self.lock: Any = None  # rank 0: the checkpoint's lock (nlevel.runtime.lock), held for the whole job
         try:
             self._setup(total, checkpoint, fingerprint, fresh, config)
         except BaseException:
+            if self.lock is not None:  # (a script's process lives on: it must not keep the checkpoint locked)
+                self.lock.release()
             if self.boards is not None:
                 self.boards.close(collective=False)
             t.comm.Free()
@@ -129,7 +132,7 @@ class FarmRuntime:
             if failure is not None:
                 raise failure
             raise value
-        cfg, plan, path, meta, total0 = value
+        cfg, plan, path, meta, total0, lock_token = value
         self.config: Config = cfg
         self.checkpoint: str | None = path
         self.meta: ckpt.RunMeta | None = meta
@@ -164,6 +167,7 @@ class FarmRuntime:
         self.station = Station(self.hierarchy, self.rank, cfg, clock, self.boards, self.total, ledger, self.width,
                                hosts=hosts)
         self.port = MpiPort(t, cfg, path, meta, self.writer, self.width)
+        self.port.lock, self.port.lock_token = self.lock, lock_token
         self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval,
                          timer=time.perf_counter)
         self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided")
@@ -197,7 +201,13 @@ class FarmRuntime:
         snap = ckpt.Snapshot.empty()
         meta = None
         app, params = identity(fingerprint)  # (checked with or without a checkpoint)
+        token = None
         if path is not None:
+            # First of all, before --fresh moves the old file aside: one checkpoint, one job.
+            from .lock import Lock
+
+            self.lock = Lock.acquire(path)
+            token = self.lock.holder.token
             if self.result_fields is not None:
                 params["result_fields"] = list(self.result_fields)  # the results' width is part of the run
             fp, source = ckpt.fingerprint(app, params)
@@ -209,7 +219,7 @@ class FarmRuntime:
             self.writer = ckpt.Writer(path, meta)
             os.makedirs(control.control_dir(path), exist_ok=True)  # operators' requests (python -m nlevel.drain)
         self._ledger = snap.ledger(total, self.width)
-        return config, plan, path, meta, total
+        return config, plan, path, meta, total, token
 
     def _boards(self, cfg: Config) -> tuple[Any, str]:
         """The boards: one-sided in a window (self-tested), or the two-sided fallback; and a note to print."""
