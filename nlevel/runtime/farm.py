@@ -80,15 +80,16 @@ class FarmRuntime:
     """The MPI side of one :class:`~nlevel.api.Farm` on this rank.
 
     Args:
-        total, checkpoint, comm, fingerprint, fresh, config, result_fields: As for the Farm.
+        total, checkpoint, comm, fingerprint, fresh, config, result_fields, retry_failed: As for the Farm.
 
     Raises:
         ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value.
     """
 
     def __init__(self, total: Any, checkpoint: Any, comm: Any, fingerprint: Any, fresh: bool,
-                 config: Config | None, result_fields: tuple[str, ...] | None) -> None:
+                 config: Config | None, result_fields: tuple[str, ...] | None, *, retry_failed: bool = False) -> None:
         self.started = time.time()
+        self.retry_failed = retry_failed
         self.t0 = clock()
         self.width = len(result_fields) if result_fields else 1
         self.result_fields = result_fields
@@ -219,6 +220,12 @@ class FarmRuntime:
             self.writer = ckpt.Writer(path, meta)
             os.makedirs(control.control_dir(path), exist_ok=True)  # operators' requests (python -m nlevel.drain)
         self._ledger = snap.ledger(total, self.width)
+        if self.retry_failed:
+            again = self._ledger.retry_failed()
+            shown = ", ".join(map(str, again[:20])) + (f" ... ({len(again)} in all)" if len(again) > 20 else "")
+            sys.stderr.write(f"nlevel: retrying {len(again)} failed task(s) recorded in {path}: {shown}\n"
+                             if again else f"nlevel: --retry-failed: {path or 'no checkpoint'} records no failed "
+                             f"task; running what is not done\n")
         return config, plan, path, meta, total, token
 
     def _boards(self, cfg: Config) -> tuple[Any, str]:
@@ -396,6 +403,7 @@ class FarmRuntime:
         report["plan_history"] = [p.to_dict() for p in st.plans]
         report["stopped"] = (st.stop_reason or "SIGUSR1") if st.stopped else None
         report["decisions"] = st.planner.report() if st.planner is not None else []
+        report["retried_failed"] = self.retry_failed
         return report
 
     def results(self) -> tuple[Any, Any] | None:

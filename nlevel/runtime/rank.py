@@ -126,7 +126,7 @@ class MpiPort:
             if self.writer is None:
                 self.writer = ckpt.Writer(self.checkpoint, self.meta)  # a new master
             completed, ids, values = ledger.arrays()
-            snap = ckpt.Snapshot(completed, ids, values, failed=tuple(ledger.failed.values()),
+            snap = ckpt.Snapshot(completed, ids, values, failed=ledger.recorded_failed(),
                                  timeouts=tuple(sorted(ledger.timeouts.items())))
             if final:
                 self.writer.close(snap)
