@@ -1,20 +1,28 @@
-"""Soak test of fault tolerance: randomized kills from outside, the promise checked from outside.
+"""Soak test of fault tolerance: randomized deaths, the promise checked from outside.
 
-    python bench/soak.py [--trials 100] [--seed 0] [--ft ulfm|none] [--out bench/results/soak.json]
+    python bench/soak.py [--trials 100] [--seed 0] [--ft ulfm|none] [--quick] [--out bench/results/soak.json]
 
-Each trial launches ``tests/apps/logging_app.py`` under ``nlevel-mpiexec [--with-ft ulfm]``
-with a random plan (2 or 3 levels, 8-12 processes), waits until the checkpoint shows a
-random share of the ids committed, then kills 1-3 ranks of a random role (slave,
-region-master, master, or a region-master/master followed by its newly elected successor)
-with SIGKILL or SIGSTOP, using :mod:`nlevel.testing.inject`. A trial still running after
-``--timeout`` seconds is a hang: the harness kills the whole job. Then it checks, from the
-checkpoint, the exec logs and the report: lost ids, double commits, re-executions against
-the bound (ids the dead ranks held, ``failures[].held``), and matches each kill to the
-report's ``failures`` entry for detection and recovery latency.
+Each trial launches ``tests/apps/dying_app.py`` under ``nlevel-mpiexec [--with-ft ulfm]``
+with a random plan (2 or 3 levels, 6-8 processes) and one kind of death:
 
-Prints one table and writes every trial as JSON. Targets (issue 4, 2-core machine): lost
-0, double commits 0, hangs 0, re-executions <= bound, recovery p99 <= 50 ms (slave),
-100 ms (region-master), 250 ms (master).
+* from outside, by role (slave, region-master, master, or a leader and then its newly
+  elected successor), 1-3 victims, with SIGKILL, SIGSTOP or SIGSEGV
+  (:mod:`nlevel.testing.inject`), at a random instant: right after start (every rank up,
+  nothing committed yet), in the middle, or near the end (90-98 % committed);
+* from inside, by a task: ``os._exit(3)`` (``exit``) or a task that never returns
+  (``hang``, with ``--task-timeout 1``), on a random id (low ids die at start, high ones
+  near the end); the task dies only the first time it runs.
+
+A trial still running after ``--timeout`` seconds is a hang: the harness kills the whole
+job. Then it checks, from the checkpoint (h5py) and the exec logs: ids lost, ids whose
+result is recorded twice in the checkpoint (double commits), re-runs against the bound
+(ids the dead held, ``failures[].held``); and from the report: recovery time by the role
+that died. ``--quick`` runs 4 fixed short trials (one per kind of death but ``exit``, none at set-up), for
+the end-to-end test. Writes every trial as JSON (with :func:`provenance.record`) and prints
+a Markdown table (``--markdown FILE`` also writes it).
+
+Targets (issue 14): lost 0, double commits 0, hangs 0, recovery p99 <= 10 ms (slave),
+50 ms (region-master), 100 ms (master) after detection.
 """
 
 from __future__ import annotations
@@ -38,51 +46,101 @@ from nlevel.testing.inject import Schedule, percentile, plan_of  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import provenance  # noqa: E402
 
-APP = "tests.apps.logging_app"
-TARGET_MS = {"slave": 50, "region-master": 100, "master": 250}
+APP = "tests.apps.dying_app"
+TARGET_MS = {"slave": 10, "region-master": 50, "master": 100}
+KINDS = ("KILL", "STOP", "SEGV", "exit", "hang")  # the first three from outside, by role
+QUICK = [  # (size, levels, role, kind, phase): one of each kind of death but exit (flaky under ULFM, issue 14)
+    (6, 3, "region-master", "KILL", "middle"),
+    (6, 2, "master", "SEGV", "middle"),
+    (6, 2, "slave", "STOP", "end"),
+    (6, 2, "slave", "hang", "middle"),
+]
 
 
-def draw(rng: random.Random, n: int) -> dict[str, Any]:
-    """One random trial: plan, victims, signal, time."""
-    size = rng.randint(8, 12)
+def draw(rng: random.Random, n: int, fixed: tuple[int, int, str, str, str] | None = None) -> dict[str, Any]:
+    """One random trial (or the ``fixed`` one of ``--quick``): plan, kind of death, victims, instant."""
+    size = rng.randint(6, 8)
     levels = rng.choice((2, 3))
-    regions = (rng.choice((2, 3)),) if levels == 3 else ()
+    kind = rng.choice(KINDS)
+    phase = rng.choice(("start", "middle", "end"))
     roles = ["slave", "master", "new-leader"] + (["region-master"] if levels == 3 else [])
     role = rng.choice(roles)
-    count = rng.randint(1, 3)
+    if fixed is not None:
+        size, levels, role, kind, phase = fixed
+        count = 1  # (one victim: a short deterministic check)
+    regions = (2,) if levels == 3 else ()
+    count = rng.randint(1, 3) if role != "new-leader" and fixed is None else 1
+    if role == "master" or size - count < 3:
+        count = 1 if role == "master" else min(count, 2)
     then = None
-    if role == "new-leader":  # a leader, then 0-2 successors of its block
+    if role == "new-leader":  # a leader, then its successor
         role, then = ("region-master" if levels == 3 else "master"), rng.uniform(0.0, 0.3)
-        count = 1
+    share = {"start": 0.0, "middle": rng.uniform(0.1, 0.8), "end": rng.uniform(0.9, 0.98)}[phase]
+    task = None
+    if kind in ("exit", "hang"):
+        role, count, then = "task", 1, None
+        task = {"start": rng.randrange(0, max(1, n // 20)), "middle": rng.randrange(n // 10, n * 8 // 10),
+                "end": rng.randrange(n * 9 // 10, n)}[phase]
     return {
         "size": size, "levels": levels, "regions": list(regions), "role": role, "count": count,
-        "then_new_leader": then, "signal": rng.choice(("KILL", "STOP")),
-        "after_committed": int(n * rng.uniform(0.05, 0.6)), "after": rng.uniform(0.0, 0.2),
+        "then_new_leader": then, "kind": kind, "signal": kind if kind in ("KILL", "STOP", "SEGV") else None,
+        "phase": phase, "task": task,
+        "after_committed": int(n * share) if phase != "start" else None,
+        "after": rng.uniform(0.0, 0.5) if phase == "start" else rng.uniform(0.0, 0.1),
         "spacing": rng.choice((0.0, rng.uniform(0.0, 0.3))), "seed": rng.randrange(2**31),
     }
 
 
+def _checkpoint_doubles(path: str) -> int | None:
+    """Ids whose result the checkpoint records more than once (h5py; None: unreadable)."""
+    try:
+        import h5py
+        import numpy as np
+
+        with h5py.File(path, "r", locking=False) as f:
+            ids = np.asarray(f["result_ids"][...]) if "result_ids" in f else np.zeros(0, np.int64)
+    except (OSError, KeyError, ImportError):
+        return None
+    return int(len(ids) - len(np.unique(ids)))
+
+
 def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dict[str, Any]:
+    """Run one trial and audit it."""
     d = os.path.join(base, f"trial-{k:03d}")
     logs = os.path.join(d, "logs")
     os.makedirs(logs)
     env = {**os.environ, "NLEVEL_TEST_LOG_DIR": logs, "NLEVEL_TTY": "0",
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    sched = Schedule(role=t["role"], count=t["count"], signal=t["signal"], after=t["after"],
-                     after_committed=t["after_committed"], spacing=t["spacing"],
-                     then_new_leader=t["then_new_leader"], seed=t["seed"])
     app = [APP, "--n", str(args.n), "--sleep-ms", str(args.sleep_ms), "--checkpoint", "run.h5",
            "--checkpoint-interval", "0.1", "--report", "r.json", "--quiet"]
-    if t["signal"] == "STOP":
-        app += ["--lease-min", str(args.lease_min)]
+    sched = None
+    if t["signal"] is not None:
+        sched = Schedule(role=t["role"], count=t["count"], signal=t["signal"], after=t["after"],
+                         after_committed=t["after_committed"], spacing=t["spacing"],
+                         then_new_leader=t["then_new_leader"], seed=t["seed"])
+        app += ["--die-task", "-1"]
+        if t["signal"] == "STOP":
+            app += ["--lease-min", str(args.lease_min)]
+    else:
+        app += ["--die-task", str(t["task"]), "--how", "os_exit" if t["kind"] == "exit" else "forever"]
+        if t["kind"] == "hang":
+            app += ["--task-timeout", "1"]
     plan = plan_of(t["levels"], t["regions"])
     res = inject.run(t["size"], plan, app, sched,
                      ft=None if args.ft == "none" else args.ft, cwd=d, env=env,
                      checkpoint="run.h5", report="r.json", timeout=args.timeout)
-    a = inject.audit(args.n, [logs], os.path.join(d, "run.h5"), res.report, res.kills, t["size"], plan)
+    ck = os.path.join(d, "run.h5")
+    a = inject.audit(args.n, [logs], ck, res.report, res.kills, t["size"], plan)
+    a["recomputed_in_report"] = a.pop("double_commits")  # the ledger's count of ids reported twice
+    a["double_commits"] = _checkpoint_doubles(ck)
+    rep = res.report or {}
     out = {"trial": k, **t, "returncode": res.returncode, "hung": res.hung, "wall_s": res.wall,
            "kill_to_end_s": res.ended_at - res.kills[0].time if res.kills else None,
            "leftover": res.leftover, "kills": [vars(x) for x in res.kills], "audit": a,
+           "report_failures": [{key: f.get(key) for key in ("rank", "role", "how", "held", "requeued",
+                                                            "recovery_ms", "detected_at", "recovered_at")}
+                               for f in rep.get("failures") or []],
+           "failed_tasks": [f["id"] for f in rep.get("failed_tasks") or []],
            "stderr_tail": res.stderr[-1500:] if (res.hung or res.returncode) else ""}
     if not args.keep:
         shutil.rmtree(d, ignore_errors=True)
@@ -94,67 +152,68 @@ def _ms(x: float | None) -> str:
 
 
 def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
-    """Return the summary dict and the printed table."""
-    landed = [t for t in trials if t["kills"]]
-    ok = [t for t in landed if t["returncode"] == 0 and not t["hung"]]
-    lost_trials = [t for t in ok if t["audit"]["lost"]]
-    dbl = [t for t in landed if t["audit"]["double_commits"]]
+    """Return the summary dict and the Markdown table."""
+    landed = [t for t in trials if t["kills"] or t["kind"] in ("exit", "hang")]
+    ended = [t for t in landed if not t["hung"]]
+    ok = [t for t in ended if t["returncode"] == 0]
     bounded = [t for t in landed if t["audit"]["bound"] is not None]
-    over = [t for t in bounded if not t["audit"]["within_bound"]]
     s: dict[str, Any] = {
         "trials": len(trials),
         "kills_landed": len(landed),
-        "hangs": sum(t["hung"] for t in landed),
-        "failed_exit": sum(1 for t in landed if not t["hung"] and t["returncode"] != 0),
+        "by_kind": {k: sum(1 for t in landed if t["kind"] == k) for k in KINDS},
+        "hangs": sum(t["hung"] for t in trials),
+        "failed_exit": sum(1 for t in ended if t["returncode"] != 0),
+        "failed_exit_codes": sorted({t["returncode"] for t in ended if t["returncode"] != 0}),
         "completed": len(ok),
-        "lost_ids": sum(t["audit"]["lost"] for t in ok),
-        "lost_trials": len(lost_trials),
+        # Lost: an id neither committed nor recorded failed, in a trial that ended.
+        "lost_ids": sum(max(0, t["audit"]["lost"] - len(t["failed_tasks"])) for t in ended),
+        "lost_trials": sum(1 for t in ended if t["audit"]["lost"] > len(t["failed_tasks"])),
         "double_commits": sum(t["audit"]["double_commits"] or 0 for t in landed),
-        "double_commit_trials": len(dbl),
+        "unreadable_checkpoints": sum(1 for t in landed if t["audit"]["double_commits"] is None),
+        "recomputed_in_report": sum(t["audit"]["recomputed_in_report"] or 0 for t in landed),
         "re_executed": sum(t["audit"]["re_executed"] for t in landed),
         "bound": sum(t["audit"]["bound"] for t in bounded) if bounded else None,
-        "trials_with_bound": len(bounded),
-        "over_bound_trials": len(over),
+        "over_bound_trials": sum(1 for t in bounded if not t["audit"]["within_bound"]),
         "re_executed_elsewhere": sum(len(t["audit"]["re_executed_elsewhere"]) for t in landed),
         "leftover_ranks": sum(len(t["leftover"]) for t in landed),
         "unreported_kills": sum(len(t["audit"]["unreported"]) for t in landed),
     }
-    rows: dict[tuple[str, str], dict[str, list[float]]] = {}
+    rows: dict[str, dict[str, list[float]]] = {}
     for t in landed:
-        for f in t["audit"]["failures"]:
-            # A successor is measured against the role it was elected to.
+        for f in t["audit"]["failures"]:  # kills from outside: detection measured from the kill
             role = f"new {t['role']}" if f["role"] == "new-leader" else f["role"]
-            r = rows.setdefault((role, f["signal"]), {"detect": [], "recovery": [], "k2r": [], "n": []})
+            r = rows.setdefault(f"{role}/{f['signal']}", {"detect": [], "recovery": [], "n": []})
             r["n"].append(1)
-            for key, src in (("detect", "detect_ms"), ("recovery", "recovery_ms"), ("k2r", "kill_to_recovered_ms")):
-                if f[src] is not None:
-                    r[key].append(float(f[src]))
+            if f["detect_ms"] is not None:
+                r["detect"].append(float(f["detect_ms"]))
+            if f["recovery_ms"] is not None:
+                r["recovery"].append(float(f["recovery_ms"]))
+        if t["kind"] in ("exit", "hang"):  # a task's death: only the report knows the role and the recovery
+            for f in t["report_failures"]:
+                r = rows.setdefault(f"{f['role']}/{t['kind']}", {"detect": [], "recovery": [], "n": []})
+                r["n"].append(1)
+                if f["recovery_ms"] is not None:
+                    r["recovery"].append(float(f["recovery_ms"]))
     per_role = {}
-    lines = [
-        f"trials {s['trials']} (kill landed in {s['kills_landed']}): completed {s['completed']}, "
-        f"hangs {s['hangs']}, failed exits {s['failed_exit']}",
-        f"lost ids {s['lost_ids']} (in {s['lost_trials']} completed trials), double commits "
-        f"{s['double_commits']} (in {s['double_commit_trials']} trials)",
-        f"re-executions {s['re_executed']} vs bound {s['bound'] if s['bound'] is not None else 'n/a (no failures[].held)'}"
-        f" ({s['over_bound_trials']} of {s['trials_with_bound']} trials over), ids re-run outside the victims' subtrees "
-        f"{s['re_executed_elsewhere']}; ranks left running {s['leftover_ranks']}, kills missing from the report "
-        f"{s['unreported_kills']}",
-        "",
-        f"{'role':<17} {'signal':<6} {'kills':>5} {'matched':>7}  {'detect p50/p99 ms':>18}  "
-        f"{'recovery p50/p99 ms':>20}  {'kill->recovered p50/p99':>24}  target p99",
-    ]
-    for (role, sig), r in sorted(rows.items()):
-        pr = {"kills": len(r["n"]), "matched": len(r["recovery"]),
-              **{f"{k}_p{q}": percentile(r[k], q) for k in ("detect", "recovery", "k2r") for q in (50, 99)}}
-        per_role[f"{role}/{sig}"] = pr
-        target = TARGET_MS.get(role.removeprefix("new "))
-        lines.append(
-            f"{role:<17} {sig:<6} {pr['kills']:>5} {pr['matched']:>7}  "
-            f"{_ms(pr['detect_p50']):>8} / {_ms(pr['detect_p99']):>7}  "
-            f"{_ms(pr['recovery_p50']):>9} / {_ms(pr['recovery_p99']):>8}  "
-            f"{_ms(pr['k2r_p50']):>11} / {_ms(pr['k2r_p99']):>10}  "
-            f"{'<= ' + str(target) + ' ms' if target and sig == 'KILL' else '(lease)'}")
+    for key, r in sorted(rows.items()):
+        per_role[key] = {"kills": len(r["n"]), "matched": len(r["recovery"]),
+                         **{f"{k}_p{q}": percentile(r[k], q) for k in ("detect", "recovery") for q in (50, 99)}}
     s["per_role"] = per_role
+    lines = [
+        "| trials | deaths landed | completed | hangs | non-zero exits | ids lost | double commits | re-runs (bound) |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {s['trials']} | {s['kills_landed']} ({', '.join(f'{k} {v}' for k, v in s['by_kind'].items() if v)}) "
+        f"| {s['completed']} | {s['hangs']} | {s['failed_exit']} {s['failed_exit_codes'] or ''} | {s['lost_ids']} "
+        f"| {s['double_commits']} | {s['re_executed']} ({s['bound'] if s['bound'] is not None else 'n/a'}) |",
+        "",
+        "| role / death | deaths | with a report record | detect p50 / p99 (ms) | recovery p50 / p99 (ms) | target p99 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, pr in per_role.items():
+        role = key.split("/")[0].removeprefix("new ")
+        target = TARGET_MS.get(role)
+        lines.append(f"| {key} | {pr['kills']} | {pr['matched']} | {_ms(pr['detect_p50'])} / {_ms(pr['detect_p99'])} "
+                     f"| {_ms(pr['recovery_p50'])} / {_ms(pr['recovery_p99'])} | {f'{target} ms' if target else '-'} |")
     return s, "\n".join(lines)
 
 
@@ -168,20 +227,28 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=90.0, help="seconds before a trial is a hang [default 90]")
     p.add_argument("--lease-min", type=float, default=2.0,
                    help="--lease-min of trials with SIGSTOP victims (the library's default is 10 s) [default 2]")
-    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "soak.json"))
+    p.add_argument("--out", help="JSON path [default bench/results/soak-<trials>.json]")
     p.add_argument("--keep", action="store_true", help="keep each trial's directory (logs, checkpoint, report)")
+    p.add_argument("--quick", action="store_true",
+                   help="4 fixed short trials (600 tasks of 20 ms, 6 processes, one per kind of death but exit)")
+    p.add_argument("--markdown", metavar="FILE", help="also write the Markdown table here")
     args = p.parse_args()
+    if args.quick:
+        args.trials, args.n, args.sleep_ms, args.timeout = len(QUICK), 600, 20.0, min(args.timeout, 60.0)
+    if args.out is None:
+        args.out = os.path.join(ROOT, "bench", "results", f"soak-{'quick' if args.quick else args.trials}.json")
     rng = random.Random(args.seed)
     base = tempfile.mkdtemp(prefix="nlevel-soak-")
     trials = []
     t0 = time.time()
     for k in range(args.trials):
-        t = draw(rng, args.n)
+        t = draw(rng, args.n, QUICK[k] if args.quick else None)
         r = trial(k, t, args, base)
         trials.append(r)
         a = r["audit"]
-        print(f"[{k + 1}/{args.trials}] {t['size']} procs L{t['levels']}{t['regions'] or ''} "
-              f"{[(x['rank'], x['role'], x['signal']) for x in r['kills']]}: "
+        what = [(x["rank"], x["role"], x["signal"]) for x in r["kills"]] or f"task {t['task']} {t['kind']}"
+        print(f"[{k + 1}/{args.trials}] {t['size']} procs L{t['levels']}{t['regions'] or ''} {t['phase']} "
+              f"{what}: "
               f"{'HANG' if r['hung'] else 'exit ' + str(r['returncode'])}, lost {a['lost']}, "
               f"re-exec {a['re_executed']}/{a['bound']}, {r['wall_s']:.1f} s"
               + (f" ({r['kill_to_end_s']:.1f} s after the kill)" if r["kill_to_end_s"] is not None else ""),
@@ -191,6 +258,9 @@ def main() -> None:
     print(f"soak: --ft {args.ft}, {args.n} tasks of {args.sleep_ms} ms, seed {args.seed}, "
           f"{time.time() - t0:.0f} s")
     print(table)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"provenance": provenance.record(), "args": vars(args), "summary": summary, "trials": trials},

@@ -63,6 +63,9 @@ class Farm:
             naming both and what differs.
         fresh: Start over even if the checkpoint has progress; the old file is kept aside
             (renamed ``<checkpoint>.<UTC time>.bak``).
+        retry_failed: Run again the ids the checkpoint records as failed or quarantined
+            (``/failed``), with the ids not yet done; a record is cleared when its id
+            succeeds and replaced when it fails again. Default: they are left out.
         config: Settings (default: ``NLEVEL_*`` variables, then defaults).
         result_fields: Names of the numbers :meth:`complete` takes per task when it is
             more than one (e.g. ``("score", "evaluations")``); default: one number.
@@ -81,6 +84,7 @@ class Farm:
         fresh: bool = False,
         config: Config | None = None,
         result_fields: Sequence[str] | None = None,
+        retry_failed: bool = False,
     ) -> None:
         from .runtime import signals
         from .runtime.farm import FarmRuntime
@@ -91,7 +95,10 @@ class Farm:
             raise ConfigError(f"result_fields must be a non-empty sequence of names, got {result_fields!r}")
         self.result_fields = tuple(result_fields) if result_fields is not None else None
         signals.install()  # SIGUSR1: stop cleanly (checkpoint, then exit); never the default "terminate"
-        rt = self._rt = FarmRuntime(total, checkpoint, comm, fingerprint, fresh, config, self.result_fields)
+        if not isinstance(retry_failed, bool):
+            raise ConfigError(f"retry_failed must be True or False, got {retry_failed!r}")
+        rt = self._rt = FarmRuntime(total, checkpoint, comm, fingerprint, fresh, config, self.result_fields,
+                                    retry_failed=retry_failed)
         self.total: int = rt.total
         self.rank: int = rt.rank
         self.size: int = rt.size
@@ -317,7 +324,7 @@ _last_farm: Farm | None = None
 
 
 def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = None, comm: Any = None, *,
-                fingerprint: dict[str, Any] | str | None = None) -> int:
+                fingerprint: dict[str, Any] | str | None = None, retry_failed: bool = False) -> int:
     """Return the next task id for this rank, or a negative number when there is none left.
 
     The first call on a communicator sets the farm up (collectively: every rank must
@@ -334,6 +341,8 @@ def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = Non
             the script's file name, so a resume with other arguments (an output directory, a
             job id) goes on; pass the parameters that change what a task computes. Read by
             the call that sets the farm up.
+        retry_failed: Run again the ids the checkpoint records as failed (see :class:`Farm`).
+            Read by the call that sets the farm up.
 
     Returns:
         A task id in ``[0, total)``, or -1.
@@ -347,10 +356,11 @@ def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = Non
         if cur < farm._stop:
             farm._cur = cur + 1
             return cur
-    return _get_task_id(total, checkpoint_file, comm, fingerprint)
+    return _get_task_id(total, checkpoint_file, comm, fingerprint, retry_failed)
 
 
-def _get_task_id(total: int, checkpoint_file: Any, comm: Any, fingerprint: Any = None) -> int:
+def _get_task_id(total: int, checkpoint_file: Any, comm: Any, fingerprint: Any = None,
+                 retry_failed: bool = False) -> int:
     global _last_comm, _last_farm, last_report
     from .runtime import transport
 
@@ -358,7 +368,7 @@ def _get_task_id(total: int, checkpoint_file: Any, comm: Any, fingerprint: Any =
     key = transport.comm_key(c)
     farm = _active.get(key)
     if farm is None:
-        farm = Farm(total, checkpoint_file, c, fingerprint=fingerprint)
+        farm = Farm(total, checkpoint_file, c, fingerprint=fingerprint, retry_failed=retry_failed)
         _active[key] = farm
     elif isinstance(total, bool) or not isinstance(total, int) or total != farm.total:
         raise ConfigError(f"get_task_id called with total={total!r} while a farm with total={farm.total} is running")

@@ -52,6 +52,9 @@ class Ledger:
         self.timeouts: dict[int, int] = {}
         #: This run runs the failed ids again (``--retry-failed``), instead of leaving them out.
         self.retry = False
+        #: Failures recorded by earlier runs that this run runs again (see :meth:`retry_failed`):
+        #: they stay recorded (in the checkpoint) until the id is committed or fails again.
+        self.retrying: dict[int, TaskFailure] = {}
 
     def merge(self, other: Ledger) -> int:
         """Add what ``other`` committed and this ledger lacks (results included); return how many ids.
@@ -78,6 +81,26 @@ class Ledger:
         """Record a task as failed (not committed; a resume does not run it again)."""
         if failure.id not in self.committed:
             self.failed[failure.id] = failure
+            self.retrying.pop(failure.id, None)
+
+    def retry_failed(self) -> list[int]:
+        """Run the failed ids again in this run (``--retry-failed``); return them, sorted.
+
+        Their records move to :attr:`retrying`: the checkpoint keeps them until the id is
+        committed (then the record is gone) or fails again (then the new record replaces
+        it). Their task-timeout counts start again, so they get the full quarantine.
+        """
+        ids = sorted(self.failed)
+        self.retry = True
+        self.retrying.update(self.failed)
+        self.failed = {}
+        for tid in ids:
+            self.timeouts.pop(tid, None)
+        return ids
+
+    def recorded_failed(self) -> tuple[TaskFailure, ...]:
+        """The failures a checkpoint records now: this run's, and the earlier ones still being retried."""
+        return tuple(self.failed.values()) + tuple(f for t, f in sorted(self.retrying.items()) if t not in self.failed)
 
     def remaining(self) -> RangeSet:
         """Return the ids not committed yet."""
@@ -104,6 +127,9 @@ class Ledger:
             if self.failed:
                 for tid in [t for t in self.failed if a <= t < b]:
                     del self.failed[tid]
+            if self.retrying:
+                for tid in [t for t in self.retrying if a <= t < b]:
+                    del self.retrying[tid]
         self.recomputed += asked - new
         for i, v in fresh_results:
             self.result_ids.append(i)

@@ -44,6 +44,11 @@ def build_parser(app: App | None = None) -> argparse.ArgumentParser:
         help="ignore the checkpoint's progress and start over (the old file is renamed FILE.h5.<UTC time>.bak)"
     )
     run.add_argument(
+        "--retry-failed", action="store_true",
+        help="run again the ids the checkpoint records as failed or quarantined (its /failed), with those not "
+        "yet done; a record is cleared when its id succeeds"
+    )
+    run.add_argument(
         "--report", metavar="FILE", default="nlevel-report.json", help="JSON report path (default nlevel-report.json; '' for none)"
     )
     run.add_argument("--quiet", action="store_true", help="no progress display and no summary")
@@ -176,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fresh=options.fresh,
             config=config,
             result_fields=app.result_fields,
+            retry_failed=options.retry_failed,
         ) as farm:
             on_error = farm.config.on_task_error
             for task_id in farm:

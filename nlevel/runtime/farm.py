@@ -80,15 +80,16 @@ class FarmRuntime:
     """The MPI side of one :class:`~nlevel.api.Farm` on this rank.
 
     Args:
-        total, checkpoint, comm, fingerprint, fresh, config, result_fields: As for the Farm.
+        total, checkpoint, comm, fingerprint, fresh, config, result_fields, retry_failed: As for the Farm.
 
     Raises:
         ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value.
     """
 
     def __init__(self, total: Any, checkpoint: Any, comm: Any, fingerprint: Any, fresh: bool,
-                 config: Config | None, result_fields: tuple[str, ...] | None) -> None:
+                 config: Config | None, result_fields: tuple[str, ...] | None, *, retry_failed: bool = False) -> None:
         self.started = time.time()
+        self.retry_failed = retry_failed
         self.t0 = clock()
         self.width = len(result_fields) if result_fields else 1
         self.result_fields = result_fields
@@ -102,9 +103,12 @@ class FarmRuntime:
         self.survivors: Transport | None = None
         self.exit_code: int | None = None
         self.writer: ckpt.Writer | None = None
+        self.lock: Any = None  # rank 0: the checkpoint's lock (nlevel.runtime.lock), held for the whole job
         try:
             self._setup(total, checkpoint, fingerprint, fresh, config)
         except BaseException:
+            if self.lock is not None:  # (a script's process lives on: it must not keep the checkpoint locked)
+                self.lock.release()
             if self.boards is not None:
                 self.boards.close(collective=False)
             t.comm.Free()
@@ -129,7 +133,7 @@ class FarmRuntime:
             if failure is not None:
                 raise failure
             raise value
-        cfg, plan, path, meta, total0 = value
+        cfg, plan, path, meta, total0, lock_token = value
         self.config: Config = cfg
         self.checkpoint: str | None = path
         self.meta: ckpt.RunMeta | None = meta
@@ -164,6 +168,7 @@ class FarmRuntime:
         self.station = Station(self.hierarchy, self.rank, cfg, clock, self.boards, self.total, ledger, self.width,
                                hosts=hosts)
         self.port = MpiPort(t, cfg, path, meta, self.writer, self.width)
+        self.port.lock, self.port.lock_token = self.lock, lock_token
         self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval,
                          timer=time.perf_counter)
         self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided")
@@ -199,7 +204,13 @@ class FarmRuntime:
         snap = ckpt.Snapshot.empty()
         meta = None
         app, params = identity(fingerprint)  # (checked with or without a checkpoint)
+        token = None
         if path is not None:
+            # First of all, before --fresh moves the old file aside: one checkpoint, one job.
+            from .lock import Lock
+
+            self.lock = Lock.acquire(path)
+            token = self.lock.holder.token
             if self.result_fields is not None:
                 params["result_fields"] = list(self.result_fields)  # the results' width is part of the run
             fp, source = ckpt.fingerprint(app, params)
@@ -211,7 +222,13 @@ class FarmRuntime:
             self.writer = ckpt.Writer(path, meta)
             os.makedirs(control.control_dir(path), exist_ok=True)  # operators' requests (python -m nlevel.drain)
         self._ledger = snap.ledger(total, self.width)
-        return config, plan, path, meta, total
+        if self.retry_failed:
+            again = self._ledger.retry_failed()
+            shown = ", ".join(map(str, again[:20])) + (f" ... ({len(again)} in all)" if len(again) > 20 else "")
+            sys.stderr.write(f"nlevel: retrying {len(again)} failed task(s) recorded in {path}: {shown}\n"
+                             if again else f"nlevel: --retry-failed: {path or 'no checkpoint'} records no failed "
+                             f"task; running what is not done\n")
+        return config, plan, path, meta, total, token
 
     def _boards(self, cfg: Config) -> tuple[Any, str]:
         """The boards: one-sided in a window (self-tested), or the two-sided fallback; and a note to print."""
@@ -388,6 +405,7 @@ class FarmRuntime:
         report["plan_history"] = [p.to_dict() for p in st.plans]
         report["stopped"] = (st.stop_reason or "SIGUSR1") if st.stopped else None
         report["decisions"] = st.planner.report() if st.planner is not None else []
+        report["retried_failed"] = self.retry_failed
         return report
 
     def results(self) -> tuple[Any, Any] | None:

@@ -64,6 +64,7 @@ class MpiPort:
         self._pending: dict[str, dict[str, Any] | None] = {}
         self.checkpoint_error: BaseException | None = None
         self.lock: Any = None  # the checkpoint's lock (the master's; see nlevel.runtime.lock)
+        self.lock_token: str | None = None  # the lock's name, told to every rank: a new master adopts it
 
     def send(self, dest: int, msg: Message) -> None:
         self.t.send(dest, msg)
@@ -105,6 +106,11 @@ class MpiPort:
         self.t.flush(timeout=1.0)
 
     def heartbeat(self) -> None:
+        if self.lock is None and self.lock_token is not None and self.checkpoint is not None:
+            from .lock import adopt  # a new master: the dead one's lock is this job's
+
+            self.lock = adopt(self.checkpoint, self.lock_token)
+            self.lock_token = None  # (tried once)
         if self.lock is not None:
             self.lock.beat()
 
@@ -120,7 +126,7 @@ class MpiPort:
             if self.writer is None:
                 self.writer = ckpt.Writer(self.checkpoint, self.meta)  # a new master
             completed, ids, values = ledger.arrays()
-            snap = ckpt.Snapshot(completed, ids, values, failed=tuple(ledger.failed.values()),
+            snap = ckpt.Snapshot(completed, ids, values, failed=ledger.recorded_failed(),
                                  timeouts=tuple(sorted(ledger.timeouts.items())))
             if final:
                 self.writer.close(snap)

@@ -207,7 +207,8 @@ def format_summary(report: dict[str, Any]) -> str:
             for f in report["failures"][:5]) + (" ..." if len(report["failures"]) > 5 else ""))
     failed = report.get("failed_tasks") or []
     if failed:
-        lines.append(f"  {len(failed)} task(s) FAILED (recorded in the checkpoint's /failed; --retry-failed runs them):")
+        lines.append(f"  {len(failed)} task(s) FAILED (recorded in the checkpoint's /failed; "
+                     f"python -m nlevel.run ... --retry-failed or Farm(..., retry_failed=True) runs them again):")
         for f in failed[:20]:
             where = f" on rank {f['rank']}" + (f" ({f['host']})" if f.get("host") else "") if f.get("rank", -1) >= 0 else ""
             lines.append(f"    task {f['id']} {f['kind']}{where} after {f['attempts']} attempt(s): {f['error']}")

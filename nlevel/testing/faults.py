@@ -39,7 +39,7 @@ RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 #: Roles a victim can be chosen by. ``new-leader`` = the rank that leads the previous
 #: victim's block once that victim is dead (the first victim is then a region-master).
 ROLES = ("slave", "region-master", "master", "new-leader", "any")
-SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "TERM": signal.SIGTERM}
+SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "TERM": signal.SIGTERM, "SEGV": signal.SIGSEGV}
 
 
 def marker_entry(marker: str) -> str:
@@ -194,7 +194,7 @@ class Schedule:
             and each next victim is the rank that took over the previous one's block).
         count: How many victims. Each is chosen among the holders of ``role`` given the
             earlier victims are dead (so a second ``region-master`` may be the newly elected one).
-        signal: ``KILL``, ``STOP`` or ``TERM``.
+        signal: ``KILL``, ``STOP``, ``TERM`` or ``SEGV``.
         after: Seconds to wait once every rank is up (or once ``after_committed`` is met).
         after_committed: Wait until the checkpoint records at least this many ids.
         spacing: Seconds between victims.

@@ -107,6 +107,8 @@ def test_with_ulfm_the_job_survives(tmp_path, mpi_env, size, levels, regions, sc
     assert res.kills, f"no kill landed\n{explain(res)}"
     assert not res.hung, f"hang after {[(k.rank, k.role) for k in res.kills]}\n{explain(res)}"
     assert res.returncode == 0, explain(res)
+    # A new master took the checkpoint's lock over from the dead one and removed it at the end.
+    assert not (tmp_path / "run.h5.lock").exists(), (tmp_path / "run.h5.lock").read_text()
     a = inject.audit(n, [tmp_path / "logs"], tmp_path / "run.h5", res.report, res.kills, size, plan)
     msg = json.dumps({**a, "report_failures": (res.report or {}).get("failures")}, default=str)  # untruncated
     assert a["lost"] == 0, msg

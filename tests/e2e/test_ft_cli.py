@@ -134,3 +134,32 @@ def test_drain_refuses_clearly(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "nlevel.drain", "run.h5", "--ranks", "a,b"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--ranks must be rank numbers like 5,6, got 'a,b'" in proc.stderr
+
+
+def _failed_in_checkpoint(path):
+    from nlevel.runtime import checkpoint as ckpt
+
+    return {f.id: f for f in ckpt.read(path)[1].failed}
+
+
+@pytest.mark.timeout(300)
+def test_retry_failed_runs_only_the_failed_ids_again_and_clears_their_records(tmp_path, mpi_env):
+    """Issue 14 point 6: a failed id stays out of a resume, and --retry-failed runs just it again."""
+    base = ["--n", "120", "--how", "raise", "--die-task", "50", "--on-task-error", "skip", "--levels", "2"]
+    proc, report, runs = run_job(tmp_path, mpi_env, 3, [*base, "--poison"], ft=False)
+    assert proc.returncode == 1 and [f["id"] for f in report["failed_tasks"]] == [50], proc.stderr[-3000:]
+    assert set(_failed_in_checkpoint(tmp_path / "run.h5")) == {50} and runs[50] == 1
+    # A plain resume leaves it out.
+    proc, report, runs = run_job(tmp_path, mpi_env, 3, [*base, "--poison"], ft=False)
+    assert proc.returncode == 1 and runs[50] == 1 and report["committed_this_run"] == 0, proc.stderr[-3000:]
+    # Retried and failing again: run once more, recorded again (this run's record).
+    proc, report, runs = run_job(tmp_path, mpi_env, 3, [*base, "--poison", "--retry-failed"], ft=False)
+    assert proc.returncode == 1 and runs[50] == 2, proc.stderr[-3000:]
+    assert "retrying 1 failed task(s) recorded in run.h5: 50" in proc.stderr
+    assert set(_failed_in_checkpoint(tmp_path / "run.h5")) == {50} and sum(runs.values()) == 121
+    # Retried and succeeding (the task breaks only the first time without --poison): committed, record gone.
+    proc, report, runs = run_job(tmp_path, mpi_env, 3, [*base, "--retry-failed"], ft=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["complete"] and report["failed_tasks"] == [] and report["committed_this_run"] == 1
+    assert runs[50] == 3 and sum(runs.values()) == 122  # only id 50 ran again
+    assert completed_ids(tmp_path / "run.h5") == set(range(120)) and _failed_in_checkpoint(tmp_path / "run.h5") == {}
