@@ -91,19 +91,6 @@ def draw(rng: random.Random, n: int, fixed: tuple[int, int, str, str, str] | Non
     }
 
 
-def _checkpoint_doubles(path: str) -> int | None:
-    """Ids whose result the checkpoint records more than once (h5py; None: unreadable)."""
-    try:
-        import h5py
-        import numpy as np
-
-        with h5py.File(path, "r", locking=False) as f:
-            ids = np.asarray(f["result_ids"][...]) if "result_ids" in f else np.zeros(0, np.int64)
-    except (OSError, KeyError, ImportError):
-        return None
-    return int(len(ids) - len(np.unique(ids)))
-
-
 def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dict[str, Any]:
     """Run one trial and audit it."""
     d = os.path.join(base, f"trial-{k:03d}")
@@ -131,8 +118,7 @@ def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dic
                      checkpoint="run.h5", report="r.json", timeout=args.timeout)
     ck = os.path.join(d, "run.h5")
     a = inject.audit(args.n, [logs], ck, res.report, res.kills, t["size"], plan)
-    a["recomputed_in_report"] = a.pop("double_commits")  # the ledger's count of ids reported twice
-    a["double_commits"] = _checkpoint_doubles(ck)
+    a["recomputed_in_report"] = a.pop("re_reported")  # the ledger's count of ids reported twice
     rep = res.report or {}
     out = {"trial": k, **t, "returncode": res.returncode, "hung": res.hung, "wall_s": res.wall,
            "kill_to_end_s": res.ended_at - res.kills[0].time if res.kills else None,

@@ -43,6 +43,24 @@ def committed_ids(checkpoint: str | os.PathLike[str]) -> set[int]:
     return {i for a, b in snap.completed.tolist() for i in range(a, b)}
 
 
+def checkpoint_doubles(checkpoint: str | os.PathLike[str]) -> int | None:
+    """Ids whose result the checkpoint records more than once (None: unreadable): a double commit.
+
+    (The report's ``recomputed`` counts completions *reported* for ids already committed: after
+    a master's death the survivors report again what they had sent it, by design; the ledger
+    keeps the first.)
+    """
+    try:
+        import h5py
+        import numpy as np
+
+        with h5py.File(checkpoint, "r", locking=False) as f:
+            ids = np.asarray(f["result_ids"][...]) if "result_ids" in f else np.zeros(0, np.int64)
+    except (OSError, KeyError):
+        return None
+    return int(len(ids) - len(np.unique(ids)))
+
+
 def percentile(xs: Sequence[float], q: float) -> float | None:
     """Return the nearest-rank ``q``-th percentile of ``xs`` (None when empty)."""
     if not xs:
@@ -85,8 +103,9 @@ def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
             server (see :func:`blast_radius`), else only if one run was on a killed rank.
 
     Returns:
-        A dict: ``lost`` (ids not committed in the checkpoint), ``double_commits`` (the
-        report's ``recomputed``), ``never_ran`` (committed ids no log shows running),
+        A dict: ``lost`` (ids not committed in the checkpoint), ``double_commits`` (ids
+        whose result the checkpoint holds twice: :func:`checkpoint_doubles`), ``re_reported``
+        (the report's ``recomputed``: completions reported again, kept once), ``never_ran`` (committed ids no log shows running),
         ``re_executed`` (executions beyond the first), ``re_executed_elsewhere`` (ids run
         twice though no run was on a killed rank or below one: never allowed), ``bound`` (sum of the
         report's ``failures[].held``, None when the report does not give it),
@@ -126,7 +145,8 @@ def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
         "checkpoint_readable": readable,
         "committed": len(done),
         "lost": total - len(done & set(range(total))),
-        "double_commits": (report or {}).get("recomputed"),
+        "double_commits": checkpoint_doubles(checkpoint) if readable else None,
+        "re_reported": (report or {}).get("recomputed"),
         "executed_ids": len(runs),
         "never_ran": len(done - set(runs)),
         "re_executed": re_executed,
