@@ -102,20 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     win = MPI.Win.Allocate(8 * 16, 8, MPI.INFO_NULL, world)
     win.Lock_all()
     one, res = np.ones(1, np.int64), np.zeros(1, np.int64)
-    remote: list[float] = []
-    local: list[float] = []
-    if t.rank == 1:
+    # Rank 1 on rank 0's word: the origin's round trip; rank 0 on its own word: the target's share.
+    times: list[float] = []
+    if t.rank in (0, 1):
+        word = 1 - t.rank
         for _ in range(n):
             t0 = clock()
-            win.Fetch_and_op(one, res, 0, 0, MPI.SUM)
+            win.Fetch_and_op(one, res, 0, word, MPI.SUM)
             win.Flush(0)
-            remote.append(clock() - t0)
-    if t.rank == 0:
-        for _ in range(n):
-            t0 = clock()
-            win.Fetch_and_op(one, res, 0, 1, MPI.SUM)
-            win.Flush(0)
-            local.append(clock() - t0)
+            times.append(clock() - t0)
+    remote, local = (times, []) if t.rank == 1 else ([], times)
     win.Unlock_all()
     win.Free()
     t.comm.Barrier()

@@ -81,7 +81,8 @@ def _iso(t: float | None) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -167,7 +168,7 @@ def read_holder(path: str) -> Holder | None:
                           f"nlevel will not touch it: remove it if no job uses the checkpoint") from exc
 
 
-def stale(h: Holder, *, now: float, host: str, alive: Callable[[int], bool] = _pid_alive,
+def stale(h: Holder, *, now: float, host: str, alive: Callable[[int], bool] = pid_alive,
           started_of: Callable[[int], int | None] = _pid_started, stale_factor: float = STALE_FACTOR) -> str | None:
     """Why ``h``'s job no longer runs (None: it may still run, the lock is held).
 
@@ -214,7 +215,7 @@ class Lock:
     def acquire(cls, checkpoint: str | os.PathLike[str], *, interval: float = HEARTBEAT_S,
                 stale_factor: float = STALE_FACTOR, host: str | None = None, pid: int | None = None,
                 job: str | None = None, clock: Callable[[], float] = time.time,
-                alive: Callable[[int], bool] = _pid_alive, started_of: Callable[[int], int | None] = _pid_started,
+                alive: Callable[[int], bool] = pid_alive, started_of: Callable[[int], int | None] = _pid_started,
                 log: Callable[[str], None] | None = None) -> Lock:
         """Take the lock of ``checkpoint`` for a new job, or refuse.
 

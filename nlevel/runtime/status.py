@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 
 from .._version import __version__
 from .control import control_dir
+from .lock import pid_alive as _pid_alive
 
 __all__ = ["Recorder", "assemble", "format_status", "main", "read_checkpoint", "read_json", "record_path", "status"]
 
@@ -251,16 +252,6 @@ def _holder(src: dict[str, Any] | None, kind: str, now: float, this_host: str,
         running, how = False, "no heartbeat"
     return {"from": kind, "host": host, "pid": pid, "job_id": _first(src, "job_id", "jobid", "job", "slurm_job_id"),
             "since": since, "heartbeat": beat, "running": running, "how": how}
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: it exists
-    return True
 
 
 def assemble(path: str, ck: dict[str, Any] | None, record: dict[str, Any] | None, lock: dict[str, Any] | None, *,
