@@ -118,7 +118,9 @@ def digest(report: dict[str, Any] | None) -> dict[str, Any]:
         cur = d.get("current_predicted") or {}
         lvl0 = (cur.get("levels") or [{}])[0]
         decisions.append({
-            "rho_measured": d.get("rho_measured"), "rho_model": d.get("rho_model"), "mu_per_s": d.get("mu_per_s"),
+            # (one-sided farms record rho per queue: the master's CPU is the M/M/1 server of the reports)
+            "rho_measured": (d.get("rho_measured") or {}).get("cpu") if isinstance(d.get("rho_measured"), dict)
+            else d.get("rho_measured"), "rho_model": d.get("rho_model"), "mu_per_s": d.get("mu_per_s") or d.get("mu"),
             "service_s": d.get("service_s"), "msg_s": d.get("msg_s"), "task_mean_s": d.get("task_mean_s"),
             "lambda_per_s": lvl0.get("arrival_rate"), "t_wait_model_s": lvl0.get("t_wait"),
             "verdict": (d.get("poisson") or {}).get("verdict"), "chosen": (d.get("chosen") or {}).get("levels"),

@@ -3,17 +3,15 @@
 The master keeps the ids not yet granted, what each child holds, and the completion
 record; a region-master keeps its queue, what each child holds and the completions it
 has not yet forwarded: all as id ranges (:class:`nlevel.ranges.RangeSet`), never as
-Python sets of ints. Two layouts are driven through the real
-:class:`~nlevel.roles.station.Station` objects, with slaves simulated here:
+Python sets of ints. Two layouts run in one process on the real roles
+(:class:`nlevel.testing.network.Network`):
 
 * ``2 levels``: the master with 64 slaves (serve-only master);
 * ``3 levels``: the master, 2 region-masters (all serve-only; the master leads the first
-  of 3 regions) and 64 slaves; the stations'
-  messages are routed to each other at once, as the runtime would deliver them.
+  of 3 regions) and 64 slaves.
 
-Each run makes ``--steps`` slave requests of up to 256 ids; completions come back in a
-shuffled order (a slave keeps back up to one range a while), as they do on a real
-machine. It reports tracemalloc's peak over all the stations, and the number of ranges
+Each run takes ``--steps`` random steps (claims of ranges of 256 ids, reports delivered
+in a random order, ticks), as a real machine would interleave them. It reports tracemalloc's peak over all the stations, and the number of ranges
 in the master's completion record.
 
     python bench/memory.py [--steps 20000] [--json out.json]
@@ -23,55 +21,38 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import tracemalloc
 from typing import Any
 
 from nlevel.config import Config
-from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
-from nlevel.roles.ledger import Ledger
-from nlevel.roles.messages import Report
-from nlevel.roles.station import Station
+from nlevel.testing.network import LocalBoards, Network
 
 TOTALS = (10**6, 10**7, 10**8, 10**9)
 
 
 def run(total: int, steps: int, children: int = 64, seed: int = 1, levels: int = 2) -> dict[str, Any]:
-    """Drive the servers of a ``levels``-level farm of ``children`` slaves; return the peak and record size."""
-    rng = random.Random(seed)
+    """Drive a ``levels``-level farm of ``children`` slaves for ``steps`` steps; return the peak and record size.
+
+    The farm is :class:`nlevel.testing.network.Network`: every rank's real Station and Loop
+    in this process, boards in local memory, messages delivered in a random order. A step
+    is one random thing: a message delivered, a tick, or a user loop finishing its range
+    and claiming the next (ranges of up to 256 ids).
+    """
     tracemalloc.start()
-    # 3 regions: the master leads the first (as in the paper), 2 region-masters the others.
     plan = Plan(3, (3,), serve_only="all") if levels == 3 else Plan(serve_only="master")
     size = children + 1 + (2 if levels == 3 else 0)
-    h = build(size, plan)
-    ledger = Ledger(total)
-    config = Config(levels=levels, serve_only="all" if levels == 3 else "master")
-    servers = {r: Station(h, r, config, lambda: 0.0, ledger if r == 0 else None) for r in range(size) if h[r].children}
-    slaves = [r for r in range(size) if r not in servers]
-    assert len(slaves) == children, (len(slaves), h.summary())
-    held: dict[int, list[tuple[int, int]]] = {c: [] for c in slaves}
-
-    def deliver(src: int, dest: int, msg: Any) -> None:
-        pending = [(src, dest, msg)]
-        while pending:
-            s, d, m = pending.pop()
-            if d in servers:
-                pending.extend((d, out.dest, out.msg) for out in servers[d].deliver(s, m))
-            else:
-                held[d].extend(m.ids)
-
+    config = Config(levels=levels, regions=plan.regions, serve_only=plan.serve_only, chunk=256,
+                    fault_tolerance="off")
+    net = Network(size, plan, total, seed, config=config, boards=LocalBoards(4096, 512))
     for _ in range(steps):
-        c = rng.choice(slaves)
-        done = tuple(held[c])
-        rng.shuffle(held[c])
-        # Report most of what this child holds (out of order), keep the rest a while.
-        keep = held[c][: rng.randrange(0, 2)]
-        held[c] = list(keep)
-        deliver(c, h[c].parent, Report(done=tuple(r for r in done if r not in keep), want=256))
+        if not net.step():
+            break
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    region_ranges = [len(s.dispatcher.queue.ranges()) for r, s in servers.items() if r != 0 and s.dispatcher]
+    ledger = net.ledger0
+    region_ranges = [len(st.server.queue.ranges()) for st in net.stations
+                     if st.server is not None and st.rank != 0]
     return {"levels": levels, "total": total, "steps": steps, "peak_mib": peak / 2**20,
             "record_ranges": ledger.committed.n_ranges, "committed": ledger.n_committed,
             "region_queue_ranges": region_ranges}

@@ -426,7 +426,11 @@ def main(argv: list[str] | None = None) -> int:
             data["reliability"] = run_reliability(args.ft_procs, c, workdir, args.timeout)
     if "memory" in only:
         print("memory ...", file=sys.stderr, flush=True)
-        data["memory"] = [memory.run(t, c["memory_steps"], levels=lv) for lv in (2, 3) for t in memory.TOTALS]
+        try:
+            data["memory"] = [memory.run(t, c["memory_steps"], levels=lv) for lv in (2, 3) for t in memory.TOTALS]
+        except Exception as exc:  # (one section's failure must not throw away the others' 20 minutes)
+            data["memory_error"] = f"{type(exc).__name__}: {exc}"
+            print(f"memory: FAILED: {data['memory_error']}", file=sys.stderr, flush=True)
     data["seconds"] = time.time() - started
     data["table"] = rows(data)
     data["targets"] = targets(data)
