@@ -415,12 +415,12 @@ def main(argv: list[str] | None = None) -> int:
                 data["compare"][str(n)] = run_compare(n, c, workdir, args.timeout)
                 print(f"N={n}: MPIPoolExecutor ...", file=sys.stderr, flush=True)
                 data["futures"][str(n)] = run_futures(n, c, workdir, args.timeout)
-        else:
-            procs = []
-            data["settings"]["procs"] = []
             ft_n = args.ft_procs
             print(f"N={ft_n}: nlevel, classic, counter under --with-ft ulfm ...", file=sys.stderr, flush=True)
             data["compare_ulfm"] = {str(ft_n): run_compare(ft_n, c, workdir, args.timeout, ulfm=True)}
+        else:
+            procs = []
+            data["settings"]["procs"] = []
         if "reliability" in only:
             print(f"N={args.ft_procs}: reliability (ULFM, checkpoint) ...", file=sys.stderr, flush=True)
             data["reliability"] = run_reliability(args.ft_procs, c, workdir, args.timeout)
