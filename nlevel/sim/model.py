@@ -68,13 +68,11 @@ __all__ = [
     "simulate",
 ]
 
-#: Seconds a server spends per message when no calibration exists: the ``dispose`` mean
-#: of ``nlevel-mpiexec -n 2 python -m nlevel.run --tasks 4000`` on the development VM
-#: (2 runs: 0.026 and 0.033 ms; 0.034 ms at -n 4).
-DEFAULT_SERVICE_TIME = 3e-5
-#: One-way message seconds when no calibration exists: the ``message`` mean of the same
-#: runs (0.25 and 0.36 ms at -n 2, 0.21 ms at -n 4; it includes the server's polling delay).
-DEFAULT_MSG_TIME = 2.5e-4
+#: Seconds a server spends per message, and one-way message seconds, when no calibration
+#: exists: the settings' defaults (:class:`~nlevel.config.Config`), so that ``nlevel.sim``,
+#: ``nlevel.plan`` and a job's planner start from the same costs.
+DEFAULT_SERVICE_TIME = Config().service_time
+DEFAULT_MSG_TIME = Config().msg_time
 
 _PLAN_KEYS = ("levels", "regions", "prefetch", "chunk", "serve_only")
 
