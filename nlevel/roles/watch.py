@@ -32,7 +32,7 @@ from .region import Region
 __all__ = ["Watching", "WATCHERS", "watchers"]
 
 #: How many ranks watch the master (the deputy first).
-WATCHERS = 3
+WATCHERS = 1  # (the deputy: a slave that watches reads its messages only between tasks, and killed a busy master)
 
 
 def watchers(h: Hierarchy) -> list[int]:

@@ -156,8 +156,8 @@ class FarmRuntime:
                 "also computes needs; use serve_only='all' (--serve-only all) or an MPI with thread support")
         t.poll_max = cfg.poll_max
         self.boards, self.grants_note = self._boards(cfg)
+        t.learn_places()  # where every rank runs: a hung one is killed from its host (with or without ULFM)
         if cfg.ft:
-            t.learn_places()  # where every rank runs: a hung one is killed from its host
             # Nobody runs a task before every rank is out of the set-up collectives: a task that
             # ends its process (os._exit) while a slower rank is still inside the window's
             # creation would make Open MPI's osc/sm abort the whole job.

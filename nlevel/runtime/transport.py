@@ -142,8 +142,12 @@ class Transport:
         return "killed"
 
     def gone(self, ranks: list[int]) -> list[int]:
-        """Those of ``ranks`` on this host whose processes no longer run (exited; MPI never says so)."""
-        if not self.places:
+        """Those of ``ranks`` on this host whose processes no longer run (exited; MPI never says so).
+
+        Only under fault tolerance: without it a death ends the job anyway, and a rank that
+        finished first must not be taken for a failure.
+        """
+        if not self.places or not self.ft:
             return []
         here = self.places[self.rank][0]
         return [r for r in ranks if r not in self.failed and self.places[r][0] == here

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from nlevel.runtime import launch
+
 from ..conftest import BIN
 
 
@@ -26,4 +28,6 @@ def test_dry_run_prints_the_effective_command_for_this_machine():
     expected = {"OMPI_MCA_mpi_yield_when_idle": "1"}
     if os.geteuid() == 0:
         expected.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    if launch.one_node([]) and "OMPI_MCA_osc" not in os.environ:
+        expected.update(OMPI_MCA_osc="^ucx")  # one node: the shared-memory window does every one-sided operation
     assert env == expected
