@@ -93,8 +93,10 @@ def test_suite_json(suite_json: Path) -> None:
     assert data["settings"]["oversubscribed"]["2"] is (2 > cores)
     result = data["compare"]["2"]["result"]
     assert result["round_trips_per_s"]["buffer"] > 0
-    assert set(result["median"]) == {"zero-work", "2-5 ms", "60-180 ms"}
-    assert {"nlevel (defaults: auto)", "classic, master serves"} <= set(result["median"]["2-5 ms"])
+    assert set(result["median"]) == {"2 tasks", "zero-work", "2-5 ms", "60-180 ms"}
+    assert {"nlevel (defaults: auto)", "classic, master serves", "one-sided counter (mpi4py.util.sync.Counter)"} \
+        <= set(result["median"]["2-5 ms"])
+    assert "4" in data["compare_ulfm"] and data["compare_ulfm"]["4"]["returncode"] == 0
     assert result["sweep"] == []  # below 4 processes the planner decides nothing, so there is no sweep
     assert "zero-work, chunksize 1" in data["futures"]["2"]["result"]["median"]
     assert [r["total"] for r in data["memory"] if r["levels"] == 2] == [10**6, 10**7, 10**8, 10**9]
