@@ -18,11 +18,17 @@ import numpy as np
 
 from ..config import Config
 from ..model.plan import Plan
+from ..model.profiles import get_profile, profile_names
 from ..errors import ConfigError, NlevelError
 from .build import BuildUnavailable, build, compiled
 from .model import SimReport, default_times, make_durations, parse_plan, parse_task_time, read_task_times, simulate
 
-__all__ = ["build_parser", "run", "main", "AUTO_COMPILE_TASKS"]
+__all__ = ["build_parser", "run", "main", "AUTO_COMPILE_TASKS", "DEFAULT_ATOMIC_TIME", "DEFAULT_ATOMIC_SERVICE"]
+
+#: One one-sided operation as its origin sees it, when neither --atomic-time nor --network says.
+DEFAULT_ATOMIC_TIME = 1e-6
+#: What one one-sided operation occupies at its target, when neither --atomic-service nor --network says.
+DEFAULT_ATOMIC_SERVICE = 2e-7
 
 #: ``--engine auto`` compiles (or reuses the compiled build) from this many tasks on:
 #: below it the interpreted engine finishes in well under a minute.
@@ -60,10 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.10, metavar="C", help="--plan auto: overhead threshold (default 0.10)")
     p.add_argument("--service-time", type=float, metavar="S", help="seconds a server spends per message (default: calibration)")
     p.add_argument("--msg-time", type=float, metavar="S", help="one-way message seconds (default: calibration)")
-    p.add_argument("--atomic-time", type=float, default=1e-6, metavar="S",
-                   help="seconds of one one-sided operation as its origin sees it (default 1e-6)")
-    p.add_argument("--atomic-service", type=float, default=2e-7, metavar="S",
-                   help="seconds each one-sided operation occupies the board owner's memory (default 2e-7)")
+    p.add_argument("--atomic-time", type=float, default=None, metavar="S",
+                   help=f"seconds of one one-sided operation as its origin sees it (default: the network's, else "
+                   f"{DEFAULT_ATOMIC_TIME:g})")
+    p.add_argument("--atomic-service", type=float, default=None, metavar="S",
+                   help=f"seconds each one-sided operation occupies the board owner's memory (default: the "
+                   f"network's, else {DEFAULT_ATOMIC_SERVICE:g})")
+    p.add_argument("--network", metavar="NAME", help="message and one-sided times of a named network: "
+                   + ", ".join(profile_names()) + " (see nlevel/model/profiles.py for the sources); the service "
+                   "time stays the CPU's; --msg-time, --atomic-time and --atomic-service override it")
     p.add_argument(
         "--startup", type=float, default=0.0, metavar="S", help="fixed seconds of set-up and tear-down (default 0)"
     )
@@ -110,13 +121,27 @@ def run(options: argparse.Namespace) -> SimReport:
     service, msg, source = default_times()
     if options.service_time is not None or options.msg_time is not None:
         source = "given" if options.service_time is not None and options.msg_time is not None else source + ", partly given"
+    atomic_time, atomic_service = DEFAULT_ATOMIC_TIME, DEFAULT_ATOMIC_SERVICE
+    network = getattr(options, "network", None)
+    if network is not None:
+        prof = get_profile(network)
+        msg = prof.msg_time
+        atomic_time = prof.atomic_time if prof.atomic_time is not None else atomic_time
+        atomic_service = prof.atomic_service if prof.atomic_service is not None else atomic_service
+        taken = [name for name, mine, given in (("message", prof.msg_time, options.msg_time),
+                                                ("one-sided", prof.atomic_time, options.atomic_time),
+                                                ("at-target", prof.atomic_service, options.atomic_service))
+                 if mine is not None and given is None]
+        source += f"; network {prof.name} ({', '.join(taken) or 'nothing: all given'})"
     service = options.service_time if options.service_time is not None else service
     msg = options.msg_time if options.msg_time is not None else msg
+    atomic_time = options.atomic_time if options.atomic_time is not None else atomic_time
+    atomic_service = options.atomic_service if options.atomic_service is not None else atomic_service
     if not (math.isfinite(service) and service > 0):
         raise ConfigError(f"--service-time must be > 0 s, got {service}")
     if not (math.isfinite(msg) and msg >= 0):
         raise ConfigError(f"--msg-time must be >= 0 s, got {msg}")
-    for flag, v in (("--atomic-time", options.atomic_time), ("--atomic-service", options.atomic_service),
+    for flag, v in (("--atomic-time", atomic_time), ("--atomic-service", atomic_service),
                     ("--startup", options.startup)):
         if not (math.isfinite(v) and v >= 0):
             raise ConfigError(f"{flag} must be >= 0 s, got {v}")
@@ -135,8 +160,8 @@ def run(options: argparse.Namespace) -> SimReport:
         durations,
         service,
         msg,
-        atomic_time=options.atomic_time,
-        atomic_service=options.atomic_service,
+        atomic_time=atomic_time,
+        atomic_service=atomic_service,
         startup=options.startup,
         config=config,
         times_source=source,
