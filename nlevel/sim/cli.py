@@ -78,6 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--startup", type=float, default=0.0, metavar="S", help="fixed seconds of set-up and tear-down (default 0)"
     )
+    p.add_argument("--kill", action="append", default=[], metavar="WHO@WHEN",
+                   help="kill a process mid-run: WHO is slave, region, master (on the first plan's layout) or a "
+                   "rank; WHEN is seconds (1500s) or a fraction of the ideal makespan, work / procs (0.5); "
+                   "repeatable; turns fault tolerance on")
+    p.add_argument("--drain", action="append", default=[], metavar="N@WHEN",
+                   help="ask the master to take N slaves out of the job at WHEN (as --kill); repeatable")
+    p.add_argument("--failure-notice", type=float, default=0.05, metavar="S",
+                   help="seconds between a death and the survivors hearing of it (default 0.05)")
+    p.add_argument("--fault-tolerance", choices=("on", "off"), default=None,
+                   help="run the roles with fault tolerance on or off (default: on with --kill, else off)")
     p.add_argument("--batch-age", type=float, metavar="S", help="region-masters' completion batch age (default: Config's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the task durations (default 0)")
     p.add_argument(
@@ -154,6 +164,15 @@ def run(options: argparse.Namespace) -> SimReport:
             config = config.with_(chunk=options.chunk)
     else:
         plan = parse_plan(options.plan, options.procs, 1 if options.chunk is None else options.chunk)
+    ideal = float(sum(durations)) / options.procs
+    kills = [_at(text, "--kill", ideal) for text in options.kill]
+    drains = []
+    for text in options.drain:
+        when, count = _at(text, "--drain", ideal)
+        if not count.isdigit() or int(count) < 1:
+            raise ConfigError(f"--drain must be N@WHEN with N an integer >= 1, got {text!r}")
+        drains.append((when, int(count)))
+    ft = None if options.fault_tolerance is None else options.fault_tolerance == "on"
     return simulate(
         options.procs,
         plan,
@@ -166,7 +185,31 @@ def run(options: argparse.Namespace) -> SimReport:
         config=config,
         times_source=source,
         task_time=tt,
+        kills=kills,
+        drains=drains,
+        notice=options.failure_notice,
+        fault_tolerance=ft,
     )
+
+
+def _at(text: str, flag: str, ideal: float) -> tuple[float, str]:
+    """``WHO@WHEN`` -> ``(seconds, WHO)``: WHEN is ``1500s`` or a fraction of ``ideal`` seconds.
+
+    Raises:
+        ConfigError: naming the flag and the value.
+    """
+    who, at, when = text.partition("@")
+    try:
+        if not at or not who.strip():
+            raise ValueError
+        w = when.strip()
+        seconds = float(w[:-1]) if w.endswith("s") else float(w) * ideal
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{flag} must be WHO@WHEN, WHEN in seconds (1500s) or a fraction of the ideal makespan "
+                          f"(0.5), got {text!r}") from None
+    return seconds, who.strip()
 
 
 def _in_compiled(where: str, argv: Sequence[str]) -> int:
