@@ -83,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "rank; WHEN is seconds (1500s) or a fraction of the ideal makespan, work / procs (0.5); "
                    "repeatable; turns fault tolerance on")
     p.add_argument("--drain", action="append", default=[], metavar="N@WHEN",
-                   help="ask the master to take N slaves out of the job at WHEN (as --kill); repeatable")
+                   help="ask the master to take N slaves out of the job at WHEN (as --kill): the N highest-ranked "
+                   "(whole regions, as freeing whole nodes does), or with N written N/spread, N spread evenly "
+                   "over the slaves; repeatable")
     p.add_argument("--failure-notice", type=float, default=0.05, metavar="S",
                    help="seconds between a death and the survivors hearing of it (default 0.05)")
     p.add_argument("--fault-tolerance", choices=("on", "off"), default=None,
@@ -169,9 +171,11 @@ def run(options: argparse.Namespace) -> SimReport:
     drains = []
     for text in options.drain:
         when, count = _at(text, "--drain", ideal)
+        spread = count.endswith("/spread")
+        count = count[: -len("/spread")] if spread else count
         if not count.isdigit() or int(count) < 1:
-            raise ConfigError(f"--drain must be N@WHEN with N an integer >= 1, got {text!r}")
-        drains.append((when, int(count)))
+            raise ConfigError(f"--drain must be N@WHEN or N/spread@WHEN with N an integer >= 1, got {text!r}")
+        drains.append((when, -int(count) if spread else int(count)))
     ft = None if options.fault_tolerance is None else options.fault_tolerance == "on"
     return simulate(
         options.procs,

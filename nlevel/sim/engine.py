@@ -203,8 +203,9 @@ class Engine:
             dropped, messages to it are lost, and every survivor hears ``Died((rank,))``
             ``notice`` seconds later. Needs ``config.ft`` (fault tolerance on).
         drains: ``(time, count)``: at ``time`` the master is asked to take ``count`` slaves out
-            of the job (an operator's :class:`~nlevel.roles.events.DrainRequest`); each
-            finishes the range it runs, then leaves.
+            of the job (an operator's :class:`~nlevel.roles.events.DrainRequest`: the highest
+            ranked; ``-count``: as many, spread evenly over the slaves); each finishes the range
+            it runs, then leaves.
         notice: Seconds between a death and the survivors hearing of it (failure detection).
 
     Raises:

@@ -5,7 +5,9 @@ Kept apart from the engine's hot loop: a run without kills or drains never calls
 * a **kill** ``(time, rank)``: the rank's later events are dropped (the engine skips them),
   messages to it are lost, and every survivor gets ``Died((rank,))`` ``notice`` seconds later;
   a server handles the notice on its CPU (``service_time``), as a message;
-* a **drain** ``(time, count)``: the master gets an operator's ``DrainRequest(count=...)``;
+* a **drain** ``(time, count)``: the master gets an operator's ``DrainRequest(count=...)`` (it takes
+  the ``count`` highest-ranked slaves); ``(time, -count)``: the same number of slaves, spread
+  evenly over the slaves (``DrainRequest(ranks=...)``), so no region loses all of its own;
 * a message to a rank whose own loop has ended is handled at once (the runtime's loop keeps
   answering until the job releases it: a recovery asks it what it holds).
 
@@ -43,7 +45,7 @@ def check_faults(n: int, ft: bool, kills: Sequence[tuple[float, int]], drains: S
     if kills and not ft:
         raise ValueError("kills need fault tolerance on (Config(fault_tolerance='on'))")
     for t, k in drains:
-        if not 1 <= k < n:
+        if not 1 <= abs(k) < n:
             raise ValueError(f"drain: count must be in 1..{n - 1}, got {k}")
         if not (math.isfinite(t) and t >= 0):
             raise ValueError(f"drain: time must be >= 0 s, got {t}")
@@ -110,7 +112,14 @@ def fault_handler(engine: Any, stations: list[Station], loops: list[Loop], push:
             m = next((x for x in range(n) if not dead[x] and stations[x].is_master), None)
             if m is None:
                 return
-            done = serve(m, t, DrainRequest(f"sim-drain-{k}", count=count))
+            if count > 0:
+                request = DrainRequest(f"sim-drain-{k}", count=count)
+            else:
+                h = stations[m].hierarchy
+                slaves = [x for x in range(n) if h[x].role.value == "slave" and not dead[x] and not ended[x]]
+                step = len(slaves) / -count
+                request = DrainRequest(f"sim-drain-{k}", ranks=tuple(slaves[int(i * step)] for i in range(-count)))
+            done = serve(m, t, request)
             send_all(m, done)
             after_server(m, done)
 

@@ -31,8 +31,9 @@ Timing model
   makespan, work / procs (``0.5``). Its events are dropped, messages to it are lost, and the
   survivors hear of it ``--failure-notice`` seconds later (default 0.05); the roles then recover
   as in a ULFM job (fault tolerance is on whenever a kill is asked). ``--drain N@WHEN`` asks the
-  master to take N slaves out of the job, as an operator's drain request does: each finishes
-  the range it runs, then leaves.
+  master to take the N highest-ranked slaves out of the job, as an operator's drain request
+  does (``N/spread@WHEN``: N slaves spread evenly over the regions); each finishes the range it
+  runs, then leaves.
 * **Not modelled:** MPI launch, checkpoint writes, network distance beyond the given
   latencies, the cost of relaunching a job (roll-back: see ``bench/paper_tables.py``).
 
@@ -408,7 +409,8 @@ def simulate(
         times_source, task_time: Recorded in the report.
         kills: ``(seconds, victim)``: the victim (a rank, or ``"slave"``, ``"region"``, ``"master"``:
             see :func:`victim_rank`) dies then.
-        drains: ``(seconds, count)``: the master is asked to drain ``count`` slaves then.
+        drains: ``(seconds, count)``: the master is asked to drain ``count`` slaves then (the highest
+            ranked; a negative count: as many, spread evenly).
         notice: Seconds between a death and the survivors hearing of it.
         fault_tolerance: Run the roles with fault tolerance on (default: when there are kills).
 

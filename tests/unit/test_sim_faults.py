@@ -127,7 +127,7 @@ def test_cli_kill_and_drain(capsys):
     (["--kill", "boss@0.5"], "--kill: the victim must be one of slave, region, master or a rank, got 'boss'"),
     (["--kill", "slave"], "--kill must be WHO@WHEN"),
     (["--kill", "slave@soon"], "--kill must be WHO@WHEN"),
-    (["--drain", "x@0.5"], "--drain must be N@WHEN with N an integer >= 1, got 'x@0.5'"),
+    (["--drain", "x@0.5"], "--drain must be N@WHEN or N/spread@WHEN with N an integer >= 1, got 'x@0.5'"),
     (["--kill", "99@0.5"], "--kill: rank must be in 0..15, got 99"),
     (["--kill", "slave@0.5", "--fault-tolerance", "off"], "--kill needs fault tolerance on"),
 ])
@@ -176,3 +176,12 @@ def test_random_drains_with_one_death_lose_nothing(seed):
 def test_a_drained_slave_elected_region_master_keeps_nothing():
     r, total = run(16, Plan(3, (4,), chunk=1), [(0.0994, 8), (0.0463, 12), (0.0121, 13)], [(0.0662, 3)], seed=164)
     exactly_once(r, total)
+
+
+def test_a_spread_drain_takes_slaves_from_every_region(capsys):
+    r, total = run(16, PLAN, drains=[(0.02, -3)], ft=False)
+    exactly_once(r, total)
+    assert sorted(rank for _, rank in r.drained) == [1, 6, 11]  # (slaves 1-3, 5-7, 9-11, 13-15: every 4th of the 12)
+    assert main(["--procs", "16", "--task-time", "0.002:0.005", "--tasks-per-proc", "5", "--plan",
+                 "levels=3,regions=4", "--engine", "python", "--drain", "3/spread@0.5", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["drained"]) == 3
