@@ -106,8 +106,16 @@ def _split(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+#: The last few hierarchies built, by (size, the plan object, failed): after a death every
+#: survivor rebuilds the same one (16,384 stations of a simulation each took 0.1 s).
+_RECENT: dict[tuple[int, int, frozenset[int]], tuple[Plan, Hierarchy]] = {}
+
+
 def build(size: int, plan: Plan, failed: frozenset[int] = frozenset()) -> Hierarchy:
     """Return the hierarchy of ``plan`` over ranks ``0 .. size - 1``, without the ``failed`` ranks.
+
+    The same ``size``, plan object and ``failed`` give the same :class:`Hierarchy` object
+    (it is never modified after it is built).
 
     Blocks are the same whoever died; each block is led by its lowest surviving rank
     (the region's deterministic election: no vote, every rank computes the same answer).
@@ -116,6 +124,18 @@ def build(size: int, plan: Plan, failed: frozenset[int] = frozenset()) -> Hierar
     Raises:
         PlanError: when the plan does not fit ``size`` ranks.
     """
+    key = (size, id(plan), frozenset(failed))
+    hit = _RECENT.get(key)
+    if hit is not None and hit[0] is plan:
+        return hit[1]
+    h = _build(size, plan, key[2])
+    if len(_RECENT) >= 8:
+        _RECENT.clear()
+    _RECENT[key] = (plan, h)
+    return h
+
+
+def _build(size: int, plan: Plan, failed: frozenset[int]) -> Hierarchy:
     plan.check_fits(size)
     last = plan.levels - 1
     parent: list[int | None] = [None] * size

@@ -1,11 +1,15 @@
 """``python -m nlevel.plan``: the plan the model chooses, before spending an allocation.
 
     python -m nlevel.plan --procs 32768 --task-time 2:5 [--tasks-per-proc 100]
-        [--service-time S] [--msg-time T] [--atomic-time A] [--atomic-service B] [--threshold 0.1] [--json]
+        [--service-time S] [--msg-time T] [--atomic-time A] [--atomic-service B] [--network NAME]
+        [--threshold 0.1] [--json]
     python -m nlevel.plan --calibrate [-n 2]
 
 Costs default to the stored calibration (``--calibrate`` measures them on this machine
 with a short mpiexec run), else to nlevel's settings' defaults (the output says which).
+``--network NAME`` (shm, ib-hdr, slingshot-11: :mod:`nlevel.model.profiles`) takes the
+message and one-sided times from a named network instead; the service time stays the
+CPU's, and an explicit ``--msg-time`` etc. overrides the profile.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ..errors import NlevelError
 from ..model.calibration import default_path, load_calibration
 from ..model.cost import Costs, Workload
 from ..model.planner import Decision, choose_plan
+from ..model.profiles import get_profile, profile_names
 
 __all__ = ["main", "parse_task_time"]
 
@@ -89,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atomic-time", type=_positive("--atomic-time"), help="seconds of one one-sided operation")
     p.add_argument("--atomic-service", type=_positive("--atomic-service"),
                    help="seconds one one-sided operation occupies the target's memory")
+    p.add_argument("--network", metavar="NAME", help="message and one-sided times of a named network ("
+                   + ", ".join(profile_names()) + "); explicit --msg-time etc. override it")
     p.add_argument("--threshold", type=_threshold, default=0.10, help="overhead threshold C (default 0.1)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--calibrate", action="store_true", help="measure service and message times here and store them")
@@ -139,9 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         base = Config()
         given = {k: getattr(args, k) for k in ("service_time", "msg_time", "atomic_time", "atomic_service")}
         measured = {k: getattr(cal, k, None) for k in given} if cal else {}
-        values = {k: given[k] or measured.get(k) or getattr(base, k) for k in given}
+        net: dict[str, float | None] = {}
+        if args.network is not None:
+            prof = get_profile(args.network)
+            net = {"msg_time": prof.msg_time, "atomic_time": prof.atomic_time, "atomic_service": prof.atomic_service}
+        values = {k: given[k] or net.get(k) or measured.get(k) or getattr(base, k) for k in given}
         source = ", ".join(f"{k.replace('_', ' ')} {v * 1e6:.3g} us ("
-                           + ("given" if given[k] else "calibration" if measured.get(k) else "default") + ")"
+                           + ("given" if given[k] else f"network {args.network}" if net.get(k)
+                              else "calibration" if measured.get(k) else "default") + ")"
                            for k, v in values.items())
         costs = Costs(values["service_time"], values["msg_time"], values["atomic_time"], values["atomic_service"],
                       base.report_age, base.batch_age, base.batch, base.chunk_target, base.max_chunk,

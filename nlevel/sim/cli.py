@@ -18,11 +18,17 @@ import numpy as np
 
 from ..config import Config
 from ..model.plan import Plan
+from ..model.profiles import get_profile, profile_names
 from ..errors import ConfigError, NlevelError
 from .build import BuildUnavailable, build, compiled
 from .model import SimReport, default_times, make_durations, parse_plan, parse_task_time, read_task_times, simulate
 
-__all__ = ["build_parser", "run", "main", "AUTO_COMPILE_TASKS"]
+__all__ = ["build_parser", "run", "main", "AUTO_COMPILE_TASKS", "DEFAULT_ATOMIC_TIME", "DEFAULT_ATOMIC_SERVICE"]
+
+#: One one-sided operation as its origin sees it, when neither --atomic-time nor --network says.
+DEFAULT_ATOMIC_TIME = 1e-6
+#: What one one-sided operation occupies at its target, when neither --atomic-service nor --network says.
+DEFAULT_ATOMIC_SERVICE = 2e-7
 
 #: ``--engine auto`` compiles (or reuses the compiled build) from this many tasks on:
 #: below it the interpreted engine finishes in well under a minute.
@@ -60,13 +66,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.10, metavar="C", help="--plan auto: overhead threshold (default 0.10)")
     p.add_argument("--service-time", type=float, metavar="S", help="seconds a server spends per message (default: calibration)")
     p.add_argument("--msg-time", type=float, metavar="S", help="one-way message seconds (default: calibration)")
-    p.add_argument("--atomic-time", type=float, default=1e-6, metavar="S",
-                   help="seconds of one one-sided operation as its origin sees it (default 1e-6)")
-    p.add_argument("--atomic-service", type=float, default=2e-7, metavar="S",
-                   help="seconds each one-sided operation occupies the board owner's memory (default 2e-7)")
+    p.add_argument("--atomic-time", type=float, default=None, metavar="S",
+                   help=f"seconds of one one-sided operation as its origin sees it (default: the network's, else "
+                   f"{DEFAULT_ATOMIC_TIME:g})")
+    p.add_argument("--atomic-service", type=float, default=None, metavar="S",
+                   help=f"seconds each one-sided operation occupies the board owner's memory (default: the "
+                   f"network's, else {DEFAULT_ATOMIC_SERVICE:g})")
+    p.add_argument("--network", metavar="NAME", help="message and one-sided times of a named network: "
+                   + ", ".join(profile_names()) + " (see nlevel/model/profiles.py for the sources); the service "
+                   "time stays the CPU's; --msg-time, --atomic-time and --atomic-service override it")
     p.add_argument(
         "--startup", type=float, default=0.0, metavar="S", help="fixed seconds of set-up and tear-down (default 0)"
     )
+    p.add_argument("--kill", action="append", default=[], metavar="WHO@WHEN",
+                   help="kill a process mid-run: WHO is slave, region, master (on the first plan's layout) or a "
+                   "rank; WHEN is seconds (1500s) or a fraction of the ideal makespan, work / procs (0.5); "
+                   "repeatable; turns fault tolerance on")
+    p.add_argument("--drain", action="append", default=[], metavar="N@WHEN",
+                   help="ask the master to take N slaves out of the job at WHEN (as --kill): the N highest-ranked "
+                   "(whole regions, as freeing whole nodes does), or with N written N/spread, N spread evenly "
+                   "over the slaves; repeatable")
+    p.add_argument("--failure-notice", type=float, default=0.05, metavar="S",
+                   help="seconds between a death and the survivors hearing of it (default 0.05)")
+    p.add_argument("--fault-tolerance", choices=("on", "off"), default=None,
+                   help="run the roles with fault tolerance on or off (default: on with --kill, else off)")
     p.add_argument("--batch-age", type=float, metavar="S", help="region-masters' completion batch age (default: Config's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the task durations (default 0)")
     p.add_argument(
@@ -110,13 +133,27 @@ def run(options: argparse.Namespace) -> SimReport:
     service, msg, source = default_times()
     if options.service_time is not None or options.msg_time is not None:
         source = "given" if options.service_time is not None and options.msg_time is not None else source + ", partly given"
+    atomic_time, atomic_service = DEFAULT_ATOMIC_TIME, DEFAULT_ATOMIC_SERVICE
+    network = getattr(options, "network", None)
+    if network is not None:
+        prof = get_profile(network)
+        msg = prof.msg_time
+        atomic_time = prof.atomic_time if prof.atomic_time is not None else atomic_time
+        atomic_service = prof.atomic_service if prof.atomic_service is not None else atomic_service
+        taken = [name for name, mine, given in (("message", prof.msg_time, options.msg_time),
+                                                ("one-sided", prof.atomic_time, options.atomic_time),
+                                                ("at-target", prof.atomic_service, options.atomic_service))
+                 if mine is not None and given is None]
+        source += f"; network {prof.name} ({', '.join(taken) or 'nothing: all given'})"
     service = options.service_time if options.service_time is not None else service
     msg = options.msg_time if options.msg_time is not None else msg
+    atomic_time = options.atomic_time if options.atomic_time is not None else atomic_time
+    atomic_service = options.atomic_service if options.atomic_service is not None else atomic_service
     if not (math.isfinite(service) and service > 0):
         raise ConfigError(f"--service-time must be > 0 s, got {service}")
     if not (math.isfinite(msg) and msg >= 0):
         raise ConfigError(f"--msg-time must be >= 0 s, got {msg}")
-    for flag, v in (("--atomic-time", options.atomic_time), ("--atomic-service", options.atomic_service),
+    for flag, v in (("--atomic-time", atomic_time), ("--atomic-service", atomic_service),
                     ("--startup", options.startup)):
         if not (math.isfinite(v) and v >= 0):
             raise ConfigError(f"{flag} must be >= 0 s, got {v}")
@@ -129,19 +166,54 @@ def run(options: argparse.Namespace) -> SimReport:
             config = config.with_(chunk=options.chunk)
     else:
         plan = parse_plan(options.plan, options.procs, 1 if options.chunk is None else options.chunk)
+    ideal = float(sum(durations)) / options.procs
+    kills = [_at(text, "--kill", ideal) for text in options.kill]
+    drains = []
+    for text in options.drain:
+        when, count = _at(text, "--drain", ideal)
+        spread = count.endswith("/spread")
+        count = count[: -len("/spread")] if spread else count
+        if not count.isdigit() or int(count) < 1:
+            raise ConfigError(f"--drain must be N@WHEN or N/spread@WHEN with N an integer >= 1, got {text!r}")
+        drains.append((when, -int(count) if spread else int(count)))
+    ft = None if options.fault_tolerance is None else options.fault_tolerance == "on"
     return simulate(
         options.procs,
         plan,
         durations,
         service,
         msg,
-        atomic_time=options.atomic_time,
-        atomic_service=options.atomic_service,
+        atomic_time=atomic_time,
+        atomic_service=atomic_service,
         startup=options.startup,
         config=config,
         times_source=source,
         task_time=tt,
+        kills=kills,
+        drains=drains,
+        notice=options.failure_notice,
+        fault_tolerance=ft,
     )
+
+
+def _at(text: str, flag: str, ideal: float) -> tuple[float, str]:
+    """``WHO@WHEN`` -> ``(seconds, WHO)``: WHEN is ``1500s`` or a fraction of ``ideal`` seconds.
+
+    Raises:
+        ConfigError: naming the flag and the value.
+    """
+    who, at, when = text.partition("@")
+    try:
+        if not at or not who.strip():
+            raise ValueError
+        w = when.strip()
+        seconds = float(w[:-1]) if w.endswith("s") else float(w) * ideal
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{flag} must be WHO@WHEN, WHEN in seconds (1500s) or a fraction of the ideal makespan "
+                          f"(0.5), got {text!r}") from None
+    return seconds, who.strip()
 
 
 def _in_compiled(where: str, argv: Sequence[str]) -> int:

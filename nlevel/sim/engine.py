@@ -38,8 +38,10 @@ from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import Message
 from ..roles.region import Region
+from ..roles.server import LIMBO_GRACE
 from ..roles.station import Station
 from ..stats import RequestTimes, Summary
+from .faults import _DRAIN, _KILL, as_dict, check_faults, fault_handler
 
 __all__ = ["Costs", "SimBoards", "EngineResult", "Engine", "SimStalled"]
 
@@ -182,6 +184,9 @@ class EngineResult:
         stations: Every rank's Station (for inspection).
         decisions: The in-job planner's decisions (``levels=auto``).
         plans: The plans the job ran, in order.
+        deaths: Ranks killed (``kills``), with when: ``(time, rank)``.
+        drained: Ranks the master drained (``drains``) and when each one left: ``(time left, rank)``.
+        failures: The survivors' records of each death (role, ids held, who recovered them).
     """
 
     makespan: float
@@ -195,6 +200,9 @@ class EngineResult:
     stations: list[Station] = field(default_factory=list, repr=False)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     plans: list[Any] = field(default_factory=list)
+    deaths: list[tuple[float, int]] = field(default_factory=list)
+    drained: list[tuple[float, int]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Engine:
@@ -206,10 +214,22 @@ class Engine:
         durations: Seconds of task ``i`` at index ``i``.
         costs: The timing model.
         slots: Ring sizes of the leaf and upper boards.
+        kills: ``(time, rank)``: the process ``rank`` dies at simulated ``time``: its events are
+            dropped, messages to it are lost, and every survivor hears ``Died((rank,))``
+            ``notice`` seconds later. Needs ``config.ft`` (fault tolerance on).
+        drains: ``(time, count)``: at ``time`` the master is asked to take ``count`` slaves out
+            of the job (an operator's :class:`~nlevel.roles.events.DrainRequest`: the highest
+            ranked; ``-count``: as many, spread evenly over the slaves); each finishes the range
+            it runs, then leaves.
+        notice: Seconds between a death and the survivors hearing of it (failure detection).
+
+    Raises:
+        ValueError: kills without fault tolerance, or a rank or count out of range.
     """
 
     def __init__(self, hierarchy: Hierarchy, config: Config, durations: Sequence[float], costs: Costs,
-                 slots: tuple[int, int] | None = None) -> None:
+                 slots: tuple[int, int] | None = None, kills: Sequence[tuple[float, int]] = (),
+                 drains: Sequence[tuple[float, int]] = (), notice: float = 0.05) -> None:
         self.hierarchy = hierarchy
         self.config = config
         self.costs = costs
@@ -231,6 +251,7 @@ class Engine:
             if st.worker is not None:
                 st.worker.claims = None  # (the engine times the claims: their cost is simulated, not measured)
                 st.worker.task_times = Summary(cap=0)
+        self.kills, self.drains, self.notice = check_faults(n, config.ft, kills, drains, notice)
 
     def _clock(self) -> float:
         return self.t
@@ -254,6 +275,7 @@ class Engine:
         last_served = [-math.inf] * n
         tick_at = [math.inf] * n  # the pending tick of each server
         last_tick = [-math.inf] * n  # when each server last looked at its boards
+        faulty = bool(self.kills or self.drains)
         ticket_since: dict[int, tuple[int, float]] = {}  # region-master -> (its ticket above, since when)
         inbox: list[list[tuple[int, Message]]] = [[] for _ in range(n)]
         hand: list[tuple[int, int] | None] = [None] * n
@@ -355,6 +377,8 @@ class Engine:
                 need = min(need, planner.next_check(t))
             if d.queue and any(o.waiting for o in d.owners.values()):
                 need = min(need, t + c.detect)  # claimers wait and there is something to publish
+            if faulty and any(o.limbo for o in d.owners.values()):
+                need = min(need, t + LIMBO_GRACE + c.detect)  # (a dead claimer's ticket: taken back after the grace)
             if need < math.inf and not st.done_serving:
                 schedule_tick(r, max(need, t))
 
@@ -368,6 +392,16 @@ class Engine:
             nic_until[target] = start + ops * c.atomic_service
             return (start - t) + ops * c.atomic_time
 
+        dead = [False] * n
+        deaths: list[tuple[float, int]] = []
+        left: list[tuple[float, int]] = []
+        fault = fault_handler(self, stations, loops, push, send_all, after_server, dead, ended, hand, busy_until,
+                              server_busy, deaths)
+        for t0, r in self.kills:
+            push(t0, _KILL, r)
+        for k, (t0, count) in enumerate(self.drains):
+            push(t0, _DRAIN, 0, (k, count))
+
         # Every worker starts by asking for ids; every server ticks once at the start.
         for r in range(n):
             if stations[r].worker is not None:
@@ -378,6 +412,8 @@ class Engine:
 
         while heap:
             t, _, kind, r, payload = heapq.heappop(heap)
+            if dead[r]:
+                continue  # (what was on its way to a dead rank, or its own next step)
             self.t = t
             events += 1
             st = stations[r]
@@ -423,6 +459,8 @@ class Engine:
                 elif st.ended:
                     ended[r] = True
                     makespan = max(makespan, t + cost)
+                    if st.drain_requested:
+                        left.append((t + cost, r))
                 else:
                     owner = w.parent
                     waiting.setdefault((owner, 0), {})[r] = w.claimer.ticket
@@ -432,6 +470,9 @@ class Engine:
                         # each time this waiter wakes and finds nothing)
                         schedule_tick(owner, t + cost + c.detect)
             elif kind == _ARRIVE:  # at a rank that serves nobody: heard when its loop next runs
+                if faulty and ended[r]:
+                    fault(kind, r, payload, t)
+                    continue
                 inbox[r].append(payload)
                 if hand[r] is None and not ended[r]:
                     push(t + c.poll, _ENTRY, r)  # a waiting slave polls its messages too
@@ -448,6 +489,8 @@ class Engine:
                     push(t + c.poll, _ENTRY, r)  # (its own loop, if waiting, hears what changed too)
                 level = st.info.level
                 handled.setdefault(level, [0, 0, 0])[1] += 1
+            elif kind != _TICK:
+                fault(kind, r, payload, t)
             else:  # _TICK
                 if tick_at[r] != t:
                     continue  # superseded by an earlier one
@@ -467,7 +510,7 @@ class Engine:
                 after_server(r, start + cost)
                 handled.setdefault(st.info.level, [0, 0, 0])[2] += 1
         for r in range(n):
-            if stations[r].worker is not None and not ended[r]:
+            if stations[r].worker is not None and not ended[r] and not dead[r]:
                 w = stations[r].worker
                 raise SimStalled(
                     f"the simulation ran out of events at t={self.t:.6g} s with rank {r} still waiting "
@@ -483,11 +526,13 @@ class Engine:
                 lv[0] += server_busy[st.rank]
                 lv[1] = max(lv[1], server_busy[st.rank])
                 handled.setdefault(st.info.level, [0, 0, 0])[0] += 1
-        master = next(s for s in stations if s.ledger is not None and s.is_master)
+        master = next(s for s in stations if s.ledger is not None and s.is_master and not dead[s.rank])
         assert master.ledger is not None
         return EngineResult(
             makespan=makespan, busy=busy, tasks_run=tasks_run, events=events, ledger=master.ledger,
             requests=requests, handled=handled, server_busy=by_level, stations=stations,
             decisions=master.planner.report() if master.planner is not None else [],
             plans=list(master.plans),
+            deaths=deaths, drained=left,
+            failures=[as_dict(f) for st in stations if not dead[st.rank] for f in getattr(st, "failures", [])],
         )

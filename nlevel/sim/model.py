@@ -26,8 +26,16 @@ Timing model
   planner's sampling window ended.
 * **Fixed cost.** ``--startup S`` adds S seconds, every rank idle, for the farm's set-up
   and tear-down; 0 by default.
+* **Failures and drains** (opt-in): ``--kill ROLE@WHEN`` kills a process (``slave``, ``region``,
+  ``master`` or a rank number) at ``WHEN``: seconds (``1500s``) or a fraction of the ideal
+  makespan, work / procs (``0.5``). Its events are dropped, messages to it are lost, and the
+  survivors hear of it ``--failure-notice`` seconds later (default 0.05); the roles then recover
+  as in a ULFM job (fault tolerance is on whenever a kill is asked). ``--drain N@WHEN`` asks the
+  master to take the N highest-ranked slaves out of the job, as an operator's drain request
+  does (``N/spread@WHEN``: N slaves spread evenly over the regions); each finishes the range it
+  runs, then leaves.
 * **Not modelled:** MPI launch, checkpoint writes, network distance beyond the given
-  latencies, failures.
+  latencies, the cost of relaunching a job (roll-back: see ``bench/paper_tables.py``).
 
 The plan: ``--plan classic`` (2 levels), ``--plan levels=3,regions=128`` (with optional
 ``prefetch=``, ``chunk=`` and ``serve_only=``; ``regions=16x8`` for 4 levels) or ``--plan
@@ -57,6 +65,8 @@ from .build import compiled
 from .engine import Costs, Engine, EngineResult
 
 __all__ = [
+    "VICTIMS",
+    "victim_rank",
     "DEFAULT_SERVICE_TIME",
     "DEFAULT_MSG_TIME",
     "SimReport",
@@ -102,6 +112,10 @@ class SimReport:
         tasks_run: Task executions (equals ``tasks``: none ran twice).
         task_time: How durations were drawn.
         engine: ``"compiled (mypyc)"`` or ``"python"`` (see :mod:`nlevel.sim.build`).
+        deaths: ``(time, rank)`` of every kill (``--kill``).
+        drained: ``(time it left, rank)`` of every drained rank (``--drain``).
+        failures: The survivors' records of each death (role, ids held, who recovered them).
+        fault_tolerance: Whether the roles ran with fault tolerance on.
     """
 
     procs: int
@@ -128,6 +142,10 @@ class SimReport:
     engine: str = "python"
     decisions: list[dict[str, Any]] = field(default_factory=list)
     plans: list[dict[str, Any]] = field(default_factory=list)
+    deaths: list[tuple[float, int]] = field(default_factory=list)
+    drained: list[tuple[float, int]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    fault_tolerance: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (the ``--json`` output)."""
@@ -156,6 +174,10 @@ class SimReport:
             "engine": self.engine,
             "decisions": self.decisions,
             "plan_history": self.plans,
+            "fault_tolerance": self.fault_tolerance,
+            "deaths": self.deaths,
+            "drained": self.drained,
+            "failures": self.failures,
         }
 
     def summary(self) -> str:
@@ -364,6 +386,10 @@ def simulate(
     config: Config | None = None,
     times_source: str = "given",
     task_time: dict[str, Any] | None = None,
+    kills: Sequence[tuple[float, int | str]] = (),
+    drains: Sequence[tuple[float, int]] = (),
+    notice: float = 0.05,
+    fault_tolerance: bool | None = None,
 ) -> SimReport:
     """Simulate a farm of ``procs`` processes running tasks of the given ``durations``.
 
@@ -379,6 +405,12 @@ def simulate(
         startup: Fixed seconds of set-up and tear-down added to the makespan (every rank idle).
         config: Other settings (batch sizes and ages, chunk sizing, the planner's); default ``Config()``.
         times_source, task_time: Recorded in the report.
+        kills: ``(seconds, victim)``: the victim (a rank, or ``"slave"``, ``"region"``, ``"master"``:
+            see :func:`victim_rank`) dies then.
+        drains: ``(seconds, count)``: the master is asked to drain ``count`` slaves then (the highest
+            ranked; a negative count: as many, spread evenly).
+        notice: Seconds between a death and the survivors hearing of it.
+        fault_tolerance: Run the roles with fault tolerance on (default: when there are kills).
 
     Returns:
         The :class:`SimReport`.
@@ -400,6 +432,10 @@ def simulate(
     # The costs are the machine's: a real job's planner reads them from the calibration.
     config = (config or Config()).with_(lease_min=1e9, service_time=service_time, msg_time=msg_time,
                                         atomic_time=atomic_time, atomic_service=atomic_service)
+    ft = bool(kills) if fault_tolerance is None else fault_tolerance
+    if kills and not ft:
+        raise ConfigError("--kill needs fault tolerance on")
+    config = config.with_(fault_tolerance="on" if ft else "off")
     if plan is None:
         config = config.with_(levels=0)
         first = config.plan(procs)
@@ -409,7 +445,12 @@ def simulate(
         first = plan
     hierarchy = build(procs, first)
     costs = Costs(msg_time, service_time, atomic_time, atomic_service)
-    result = Engine(hierarchy, config, durations, costs).run()
+    victims = [(float(t), victim_rank(hierarchy, who)) for t, who in kills]
+    try:
+        engine = Engine(hierarchy, config, durations, costs, kills=victims, drains=list(drains), notice=notice)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    result = engine.run()
     elapsed = time.perf_counter() - started
     work = result.busy
     makespan = result.makespan + startup
@@ -444,7 +485,39 @@ def simulate(
         engine="compiled (mypyc)" if compiled() else "python",
         decisions=result.decisions,
         plans=[p.to_dict() for p in result.plans],
+        deaths=result.deaths,
+        drained=result.drained,
+        failures=result.failures,
+        fault_tolerance=ft,
     )
+
+
+#: The victims ``--kill`` takes by role.
+VICTIMS = ("slave", "region", "master")
+
+
+def victim_rank(hierarchy: Any, who: int | str) -> int:
+    """The rank ``--kill`` means: a rank number, or by role on the first plan's layout.
+
+    ``master``: the master; ``region``: the region-master of the last region (the highest
+    rank that leads one); ``slave``: the highest-ranked slave (in the last region).
+
+    Raises:
+        ConfigError: naming the value, for a rank out of range or a role the plan lacks.
+    """
+    n = hierarchy.size
+    if isinstance(who, int) or (isinstance(who, str) and who.isdigit()):
+        r = int(who)
+        if not 0 <= r < n:
+            raise ConfigError(f"--kill: rank must be in 0..{n - 1}, got {r}")
+        return r
+    roles = {"master": "master", "region": "region-master", "slave": "slave"}
+    if who not in roles:
+        raise ConfigError(f"--kill: the victim must be one of {', '.join(VICTIMS)} or a rank, got {who!r}")
+    found = [node.rank for node in hierarchy.nodes if node.role.value == roles[who]]
+    if not found:
+        raise ConfigError(f"--kill {who}: the plan {hierarchy.plan.describe()} has no {who}")
+    return min(found) if who == "master" else max(found)
 
 
 def _requests(result: EngineResult, levels: int) -> dict[str, dict[str, float]]:

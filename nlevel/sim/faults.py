@@ -1,0 +1,126 @@
+"""Opt-in deaths and drains for :mod:`nlevel.sim.engine`: validation and the events' handler.
+
+Kept apart from the engine's hot loop: a run without kills or drains never calls in here.
+
+* a **kill** ``(time, rank)``: the rank's later events are dropped (the engine skips them),
+  messages to it are lost, and every survivor gets ``Died((rank,))`` ``notice`` seconds later;
+  a server handles the notice on its CPU (``service_time``), as a message;
+* a **drain** ``(time, count)``: the master gets an operator's ``DrainRequest(count=...)`` (it takes
+  the ``count`` highest-ranked slaves); ``(time, -count)``: the same number of slaves, spread
+  evenly over the slaves (``DrainRequest(ranks=...)``), so no region loses all of its own;
+* a message to a rank whose own loop has ended is handled at once (the runtime's loop keeps
+  answering until the job releases it: a recovery asks it what it holds).
+
+Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any, Sequence
+
+from ..roles.events import Died, DrainRequest, Received
+from ..roles.loop import Loop
+from ..roles.station import Station
+
+__all__ = ["check_faults", "fault_handler", "as_dict"]
+
+_ENTRY, _ARRIVE = 0, 1  # (the engine's own kinds, which a fault may schedule or hand over)
+_KILL, _DIED, _DRAIN = 4, 5, 6
+
+
+def check_faults(n: int, ft: bool, kills: Sequence[tuple[float, int]], drains: Sequence[tuple[float, int]],
+                 notice: float) -> tuple[list[tuple[float, int]], list[tuple[float, int]], float]:
+    """Validate :class:`~nlevel.sim.engine.Engine`'s ``kills``, ``drains`` and ``notice``; return them sorted.
+
+    Raises:
+        ValueError: naming the value.
+    """
+    for t, r in kills:
+        if not 0 <= r < n:
+            raise ValueError(f"kill: rank {r} is not in this farm (ranks 0..{n - 1})")
+        if not (math.isfinite(t) and t >= 0):
+            raise ValueError(f"kill: time must be >= 0 s, got {t}")
+    if kills and not ft:
+        raise ValueError("kills need fault tolerance on (Config(fault_tolerance='on'))")
+    for t, k in drains:
+        if not 1 <= abs(k) < n:
+            raise ValueError(f"drain: count must be in 1..{n - 1}, got {k}")
+        if not (math.isfinite(t) and t >= 0):
+            raise ValueError(f"drain: time must be >= 0 s, got {t}")
+    if not (math.isfinite(notice) and notice >= 0):
+        raise ValueError(f"notice must be >= 0 s, got {notice}")
+    return sorted(kills), sorted(drains), notice
+
+
+def as_dict(record: Any) -> dict[str, Any]:
+    """A failure record as a JSON-ready dict."""
+    try:
+        return asdict(record)
+    except TypeError:
+        return {"record": repr(record)}
+
+
+def fault_handler(engine: Any, stations: list[Station], loops: list[Loop], push: Any, send_all: Any,
+                  after_server: Any, dead: list[bool], ended: list[bool], hand: list[tuple[int, int] | None],
+                  busy_until: list[float], server_busy: list[float], deaths: list[tuple[float, int]]) -> Any:
+    """The handler of the opt-in fault events of ``engine``'s run (kills, failure notices, drains, and
+    messages to a rank whose loop has ended); ``fault(kind, rank, payload, t)``."""
+    c = engine.costs
+    notice = engine.notice
+    n = engine.size
+
+    def serve(r: int, t: float, event: Any) -> float:
+        # (a server handles a notice or a request on its own CPU, as it handles a message)
+        st = stations[r]
+        if st.server is None:
+            loops[r].handle(event)
+            return t
+        start = busy_until[r] if busy_until[r] > t else t
+        busy_until[r] = start + c.service_time
+        server_busy[r] += c.service_time
+        engine.t = start
+        loops[r].handle(event)
+        return start + c.service_time
+
+    def fault(kind: int, r: int, payload: Any, t: float) -> None:
+        if kind == _KILL:
+            alive = [x for x in range(n) if not dead[x]]
+            if len(alive) < 2:
+                return  # (the last rank standing is not killed: nobody would be left to finish)
+            dead[r] = True
+            hand[r] = None
+            deaths.append((t, r))
+            for x in alive:
+                if x != r:
+                    push(t + notice, _DIED, x, r)
+        elif kind == _DIED:
+            done = serve(r, t, Died((payload,)))
+            send_all(r, done)
+            if stations[r].server is not None:
+                after_server(r, done)
+            if stations[r].worker is not None and hand[r] is None and not ended[r]:
+                push(done + c.poll, _ENTRY, r)  # (it may claim from a new parent now)
+        elif kind == _ARRIVE:
+            # A rank whose own loop has ended still answers (as the runtime's does until the
+            # job releases it): a recovery asks it what it holds.
+            loops[r].handle(Received(*payload))
+            send_all(r, t)
+        elif kind == _DRAIN:
+            k, count = payload
+            m = next((x for x in range(n) if not dead[x] and stations[x].is_master), None)
+            if m is None:
+                return
+            if count > 0:
+                request = DrainRequest(f"sim-drain-{k}", count=count)
+            else:
+                h = stations[m].hierarchy
+                slaves = [x for x in range(n) if h[x].role.value == "slave" and not dead[x] and not ended[x]]
+                step = len(slaves) / -count
+                request = DrainRequest(f"sim-drain-{k}", ranks=tuple(slaves[int(i * step)] for i in range(-count)))
+            done = serve(m, t, request)
+            send_all(m, done)
+            after_server(m, done)
+
+    return fault

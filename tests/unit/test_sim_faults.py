@@ -1,0 +1,187 @@
+"""Deaths and drains in the simulator (``Engine(kills=, drains=)``, ``--kill``, ``--drain``): exactly-once holds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nlevel.config import Config
+from nlevel.errors import ConfigError
+from nlevel.model.hierarchy import build
+from nlevel.model.plan import Plan
+from nlevel.sim import main, make_durations, simulate
+from nlevel.sim.engine import Costs, Engine
+from nlevel.sim.model import victim_rank
+
+MS = 1e-3
+PLAN = Plan(3, (4,), chunk=1)
+
+
+@pytest.fixture(autouse=True)
+def no_calibration(tmp_path, monkeypatch):
+    """Tests do not read the machine's calibration file."""
+    monkeypatch.setenv("NLEVEL_CALIBRATION", str(tmp_path / "no-calibration.json"))
+
+
+def run(n, plan, kills=(), drains=(), tasks_per=20, ft=True, seed=1):
+    d = make_durations(n * tasks_per, task_time=(2 * MS, 5 * MS), seed=seed)
+    cfg = Config(levels=plan.levels, regions=plan.regions, chunk=plan.chunk, fault_tolerance="on" if ft else "off",
+                 lease_min=1e9)
+    return Engine(build(n, plan), cfg, d, Costs(5e-5, 5e-4), kills=kills, drains=drains).run(), len(d)
+
+
+def exactly_once(result, total):
+    # (the ledger records an id once however often it is committed: ``recomputed`` counts the
+    # repeats, which only ids in flight on a dead rank may have)
+    assert result.ledger.n_committed == total
+    assert result.tasks_run - total >= result.ledger.recomputed
+
+
+@pytest.mark.parametrize("n,plan,victims", [
+    (16, PLAN, [15]),           # a slave
+    (16, PLAN, [12]),           # a region-master (the leader of the last region)
+    (16, PLAN, [0]),            # the master
+    (16, PLAN, [5, 9]),         # two slaves of two regions
+    (17, Plan(3, (3,), chunk=1), [11, 16]),
+    (24, Plan(4, (2, 2), chunk=1), [6]),
+    (8, Plan(chunk=1), [7]),    # classic
+    (8, Plan(chunk=1), [0]),    # classic, the master
+])
+def test_every_id_is_committed_once_whoever_dies(n, plan, victims):
+    kills = [(0.02 + 0.005 * k, v) for k, v in enumerate(victims)]
+    r, total = run(n, plan, kills)
+    exactly_once(r, total)
+    assert [v for _, v in r.deaths] == victims
+    assert {f["rank"] for f in r.failures} >= set(victims)
+    assert r.tasks_run >= total  # (what was in flight on a dead rank ran again)
+
+
+def test_a_death_at_the_very_start_or_after_the_end():
+    for t in (0.0, 10.0):
+        r, total = run(16, PLAN, [(t, 15)])
+        exactly_once(r, total)
+
+
+def test_kills_are_deterministic():
+    a, _ = run(16, PLAN, [(0.02, 12)])
+    b, _ = run(16, PLAN, [(0.02, 12)])
+    assert (a.makespan, a.tasks_run, a.events) == (b.makespan, b.tasks_run, b.events)
+
+
+def test_drained_slaves_leave_and_nothing_runs_twice():
+    r, total = run(16, PLAN, drains=[(0.02, 3)], ft=False)
+    exactly_once(r, total)
+    assert r.tasks_run == total  # a drained slave finishes its range: nothing is lost
+    assert len(r.drained) == 3 and all(t >= 0.02 for t, _ in r.drained)
+    base, _ = run(16, PLAN, ft=False)
+    assert r.makespan > base.makespan  # (13 ranks finish the rest)
+
+
+def test_no_fault_no_change():
+    a, _ = run(16, PLAN, ft=False)
+    b, _ = run(16, PLAN, kills=(), drains=(), ft=False)
+    assert (a.makespan, a.events) == (b.makespan, b.events)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"kills": [(0.1, 16)]}, "kill: rank 16 is not in this farm (ranks 0..15)"),
+    ({"kills": [(-1.0, 3)]}, "kill: time must be >= 0 s, got -1.0"),
+    ({"drains": [(0.1, 0)]}, "drain: count must be in 1..15, got 0"),
+    ({"notice": -1.0}, "notice must be >= 0 s, got -1.0"),
+])
+def test_engine_rejects_bad_faults(kwargs, needle):
+    cfg = Config(levels=3, regions=(4,), chunk=1, fault_tolerance="on")
+    with pytest.raises(ValueError) as e:
+        Engine(build(16, PLAN), cfg, [1e-3] * 16, Costs(5e-5, 5e-4), **kwargs)
+    assert str(e.value) == needle
+
+
+def test_kills_need_fault_tolerance():
+    with pytest.raises(ValueError, match="kills need fault tolerance on"):
+        Engine(build(16, PLAN), Config(levels=3, regions=(4,), fault_tolerance="off"), [1e-3] * 16,
+               Costs(5e-5, 5e-4), kills=[(0.0, 3)])
+    with pytest.raises(ConfigError, match="--kill needs fault tolerance on"):
+        simulate(16, PLAN, [1e-3] * 16, 5e-4, 5e-5, kills=[(0.0, 3)], fault_tolerance=False)
+
+
+def test_victims_by_role():
+    h = build(16, PLAN)
+    assert (victim_rank(h, "master"), victim_rank(h, "region"), victim_rank(h, "slave"), victim_rank(h, "7")) == (
+        0, 12, 15, 7)
+    with pytest.raises(ConfigError, match="has no region"):
+        victim_rank(build(8, Plan(chunk=1)), "region")
+
+
+def test_cli_kill_and_drain(capsys):
+    base = ["--procs", "16", "--task-time", "0.002:0.005", "--tasks-per-proc", "20", "--plan", "levels=3,regions=4",
+            "--service-time", "5e-4", "--msg-time", "5e-5", "--engine", "python", "--json"]
+    assert main([*base, "--kill", "region@0.5", "--drain", "2@0.01s"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["committed"] == out["tasks"] == 320 and out["recomputed"] == 0
+    assert out["fault_tolerance"] is True and [r for _, r in out["deaths"]] == [12]
+    assert len(out["drained"]) == 2
+
+
+@pytest.mark.parametrize("arg,needle", [
+    (["--kill", "boss@0.5"], "--kill: the victim must be one of slave, region, master or a rank, got 'boss'"),
+    (["--kill", "slave"], "--kill must be WHO@WHEN"),
+    (["--kill", "slave@soon"], "--kill must be WHO@WHEN"),
+    (["--drain", "x@0.5"], "--drain must be N@WHEN or N/spread@WHEN with N an integer >= 1, got 'x@0.5'"),
+    (["--kill", "99@0.5"], "--kill: rank must be in 0..15, got 99"),
+    (["--kill", "slave@0.5", "--fault-tolerance", "off"], "--kill needs fault tolerance on"),
+])
+def test_cli_bad_faults_exit_2(arg, needle, capsys):
+    assert main(["--procs", "16", "--task-time", "0.002:0.005", "--tasks-per-proc", "2", "--plan",
+                 "levels=3,regions=4", "--engine", "python", *arg]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_random_deaths_lose_nothing(seed):
+    import random
+
+    rng = random.Random(seed)
+    n, plan = rng.choice([(16, PLAN), (17, Plan(3, (3,), chunk=1)), (24, Plan(4, (2, 2), chunk=1)),
+                          (12, Plan(chunk=1)), (16, Plan(3, (4,)))])
+    kills = [(rng.uniform(0, 0.08), rng.randrange(n)) for _ in range(rng.randint(1, 3))]
+    r, total = run(n, plan, kills, seed=seed)
+    exactly_once(r, total)
+
+
+
+def test_a_dead_claimers_ticket_is_taken_back():
+    # Two deaths in the master's region: a range published at a ticket a dead claimer took
+    # sits in limbo until the owner's next scan; the simulated owner must look again.
+    r, total = run(17, Plan(3, (3,), chunk=1), [(0.0539, 3), (0.0698, 5)], seed=20)
+    exactly_once(r, total)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_drains_with_one_death_lose_nothing(seed):
+    import random
+
+    rng = random.Random(seed)
+    n, plan = rng.choice([(16, PLAN), (17, Plan(3, (3,), chunk=1)), (24, Plan(4, (2, 2), chunk=1)), (16, Plan(3, (4,)))])
+    r, total = run(n, plan, [(rng.uniform(0, 0.08), rng.randrange(n))], [(rng.uniform(0, 0.08), rng.randint(1, 3))],
+                   seed=seed)
+    exactly_once(r, total)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "roles bug found by the simulator: the master drains rank 14 as a slave before it hears that 13 and 12, the "
+    "region's leaders, died; 14 then becomes the region-master, its own loop leaves (drained), and the ids it "
+    "published on its board stay there with no claimer left in the region (66-70 here)"))
+def test_a_drained_slave_elected_region_master_keeps_nothing():
+    r, total = run(16, Plan(3, (4,), chunk=1), [(0.0994, 8), (0.0463, 12), (0.0121, 13)], [(0.0662, 3)], seed=164)
+    exactly_once(r, total)
+
+
+def test_a_spread_drain_takes_slaves_from_every_region(capsys):
+    r, total = run(16, PLAN, drains=[(0.02, -3)], ft=False)
+    exactly_once(r, total)
+    assert sorted(rank for _, rank in r.drained) == [1, 6, 11]  # (slaves 1-3, 5-7, 9-11, 13-15: every 4th of the 12)
+    assert main(["--procs", "16", "--task-time", "0.002:0.005", "--tasks-per-proc", "5", "--plan",
+                 "levels=3,regions=4", "--engine", "python", "--drain", "3/spread@0.5", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["drained"]) == 3
