@@ -232,11 +232,12 @@ def test_auto_plan_switches_mid_run_on_seven_processes(tmp_path, mpi_env):
     assert report["complete"] and report["recomputed"] == 0
     assert [p["levels"] for p in report["plan_history"]][:2] == [2, 3]
     assert report["plan"]["levels"] in (2, 3)
-    measured = [d for d in report["decisions"] if "poisson" in d]
+    measured = [d for d in report["decisions"] if "chosen" in d]
     assert measured, report["decisions"]
-    for d in measured:  # every measured decision carries its inputs and reason
-        assert {"lam", "var", "verdict", "rate_per_s"} <= set(d["poisson"])
-        assert d["mu_per_s"] > 0 and d["reason"] and "current_predicted" in d
+    for d in measured:  # every measured decision carries its inputs (the paper's) and its reason
+        assert {"lambda_hat", "sigma2_hat", "samples", "mu", "rho", "messages", "claims"} <= set(d)
+        assert "verdict" in d["messages"] and d["samples"] >= 1
+        assert d["mu"] > 0 and d["reason"] and "current_predicted" in d
 
 
 @pytest.mark.timeout(240)
