@@ -36,6 +36,9 @@ __all__ = ["MpiPort", "Runner", "clock"]
 
 clock = time.perf_counter
 
+#: A slave that never waits for ids still looks at its messages this often (seconds).
+SLAVE_LOOK = 0.01
+
 
 class MpiPort:
     """The loop's port on one MPI rank.
@@ -257,6 +260,13 @@ class Runner:
                 loop.handle(ran)
             if self._thread is None and st.server is not None:
                 loop.step()  # a server with no thread (one process): its checkpoint, signals and operators
+            elif self._thread is None:
+                now = clock()
+                if now - self._last_tick >= SLAVE_LOOK:
+                    # A slave busy with ids hears its messages (a drain, a plan change, a dead
+                    # master) between ranges, at most every SLAVE_LOOK seconds: not only when it waits.
+                    self._last_tick = now
+                    loop.step()
             hand = loop.need_ids()
             if hand is not None or st.ended:
                 return hand
