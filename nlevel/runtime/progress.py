@@ -57,10 +57,11 @@ def model_state(station: Any, size: int, elapsed: float) -> dict[str, Any]:
     last = next((d for d in reversed(decisions) if "current_predicted" in d or "chosen" in d), None)
     if last is not None:
         pred = _prediction(last)
-        rhos = [r for r in (_number(lv.get("rho")) for lv in pred.get("levels", []) if isinstance(lv, dict))
-                if r is not None]
-        if rhos:
-            out["rho"] = max(rhos)
+        rhos = [r for lv in pred.get("levels", []) if isinstance(lv, dict)
+                for r in (_number(lv.get(k)) for k in ("rho", "rho_cpu", "rho_memory")) if r is not None]
+        busiest = _number(pred.get("busiest_rho"))
+        if busiest is not None or rhos:
+            out["rho"] = busiest if busiest is not None else max(rhos)  # (a server's CPU or its boards' memory)
         for key, value in (("predicted", pred.get("overhead")), ("rho_measured", last.get("rho_measured"))):
             if _number(value) is not None:
                 out[key] = _number(value)
