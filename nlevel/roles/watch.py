@@ -8,9 +8,10 @@ returns) and never a task that runs too long. So:
   that does not answer a reconciliation within a lease.
 * **Watchers.** The master heartbeats to its first :data:`WATCHERS` survivors (the deputy
   through its copy of the ledger, the others with :class:`~nlevel.roles.messages.Heartbeat`);
-  each kills a master silent past a lease. Several watchers, so that the master and its
-  deputy hung together are found too: the next watcher kills the master, the deputy (now
-  master, still hung) is then silent in turn, and so on.
+  each kills a master silent past a lease. One watcher today, the deputy: a slave that
+  watches reads its messages only between its tasks, and several watchers killed masters
+  that were working (tests/e2e/test_faults.py). So the master and its deputy hung together
+  still hang the job (docs/fault-tolerance.md, limits).
 * **Task time limit** (``--task-timeout``). A rank that computes and has held its ids
   longer than the limit (per id) ran a task too long: with fault tolerance it is killed like
   a hung one; without, it is given up (:class:`~nlevel.roles.events.Abandon`: MPI would end
