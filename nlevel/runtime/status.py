@@ -29,7 +29,6 @@ import json
 import os
 import socket
 import sys
-import tempfile
 import threading
 import time
 from datetime import datetime, timezone
@@ -37,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 from .._version import __version__
 from .control import control_dir
+from .report import write_json
 from .lock import pid_alive as _pid_alive
 
 __all__ = ["Recorder", "assemble", "format_status", "main", "read_checkpoint", "read_json", "record_path", "status"]
@@ -119,22 +119,9 @@ class Recorder:
                 "resumed": state.pop("resumed", None), "size": state.pop("size", None), "rate_per_s": rate,
                 "eta_s": (total - committed) / rate if rate else None, "model": state, "finished": False, **extra,
             }
-            _write_json(self.path, record)
+            write_json(self.path, record)  # (atomic: a reader never sees half a record)
         except Exception:  # noqa: BLE001 (a full disk or a removed directory must not stop the job)
             pass
-
-
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".status-", suffix=".tmp", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # ---------------------------------------------------------------- reading, without disturbing the job

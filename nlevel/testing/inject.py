@@ -1,13 +1,5 @@
 """Fault injection from outside: kill a running nlevel job's processes with real signals.
 
-Nothing here hooks into the library and nothing imports MPI: a job is recognised by a
-marker in its environment (``NLEVEL_INJECT_JOB=<id>``, or any ``NAME=VALUE`` the caller
-set), each process's rank is read from ``/proc/PID/environ`` (``OMPI_COMM_WORLD_RANK``,
-else ``PMIX_RANK`` / ``PMI_RANK``; the launcher has none and is never a victim), and roles
-come from the same arithmetic the library uses (:func:`nlevel.model.hierarchy.build`), so the
-harness and the library agree on who is master, region-master and slave — also after
-failures, where each block is led by its lowest surviving rank.
-
 Finding and killing the ranks is :mod:`nlevel.testing.faults`, checking a finished run
 :mod:`nlevel.testing.audit`; this module launches a job with a marker, injects, waits,
 and is the command line. Its names include theirs, so one import serves a test.
