@@ -144,8 +144,16 @@ class Farm:
         """What ran of the hand, ids ``[_lo, upto)``: a :class:`Ran` for the runtime (None when nothing)."""
         lo = self._lo
         n = upto - lo
-        if n <= 0 and not self._failed:
-            return None
+        if not self._failed:  # (the common case, on the path between two tasks: one range ran)
+            if n <= 0:
+                return None
+            busy = _clock() - self._started_at
+            results: tuple[tuple[int, Result], ...] = ()
+            if self._results:
+                results = tuple(self._results)
+                self._results = []
+            self._lo = upto
+            return Ran(((lo, upto),), results, (), n, busy, busy if n == 1 else busy / n)
         busy = _clock() - self._started_at
         failed = tuple(self._failed)
         done: list[tuple[int, int]] = []
@@ -156,11 +164,11 @@ class Farm:
             start = f.id + 1
         if start < upto:
             done.append((start, upto))
-        results = tuple(self._results)
+        ran_results = tuple(self._results)
         self._results = []
         self._failed = []
         self._lo = upto
-        return Ran(tuple(done), results, failed, max(n, 0), busy, busy if n == 1 else busy / max(n, 1))
+        return Ran(tuple(done), ran_results, failed, max(n, 0), busy, busy if n == 1 else busy / max(n, 1))
 
     def __iter__(self) -> Iterator[int]:
         while (tid := self.next()) >= 0:

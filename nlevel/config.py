@@ -17,7 +17,7 @@ from dataclasses import Field, asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
-from .model.cost import Costs
+from .model.cost import CHUNK_TARGET, Costs
 from .model.plan import SERVE_ONLY_CHOICES, Plan, default_regions, parse_force
 from .model.planner import first_plan
 
@@ -173,7 +173,7 @@ class Config:
     batch_age: float = _setting(
         0.05, "... or once the oldest has waited this long", group="batching", check=_positive_float, unit="s")
     chunk_target: float = _setting(
-        8e-3, "automatic chunks aim at this much work per request", group="batching", check=_positive_float, unit="s")
+        CHUNK_TARGET, "automatic chunks aim at this much work per request", group="batching", check=_positive_float, unit="s")
     max_chunk: int = _setting(
         256, "largest automatic chunk", group="batching", check=_int_at_least(1), unit="ids")
     progress: bool = _setting(

@@ -75,13 +75,25 @@ class Summary:
         """
         if n <= 0:
             return
-        other = Summary(cap=0)
-        other.n, other.total, other._mean, other.lo, other.hi = n, mean * n, mean, mean, max(mean, hi or mean)
-        sample = self.sample
-        self.merge(other)
-        self.sample = sample
-        if self.cap and len(sample) < self.cap:
-            sample.append(mean)
+        top = mean if hi is None or hi < mean else hi
+        n0 = self.n
+        if n0 == 0:
+            self.n, self.total, self._mean, self._m2, self.lo, self.hi = n, mean * n, mean, 0.0, mean, top
+        else:
+            # (merge() with a summary of n equal values, without building one: every range a
+            # worker finishes comes here, on the path between two tasks)
+            both = n0 + n
+            d = mean - self._mean
+            self._m2 += d * d * n0 * n / both
+            self._mean += d * n / both
+            self.n = both
+            self.total += mean * n
+            if mean < self.lo:
+                self.lo = mean
+            if top > self.hi:
+                self.hi = top
+        if self.cap and len(self.sample) < self.cap:
+            self.sample.append(mean)
 
     def merge(self, other: Summary) -> None:
         """Fold ``other`` into this summary (Chan et al. parallel variance)."""

@@ -33,6 +33,13 @@ from ..errors import ConfigError
 from .plan import Plan
 from .queueing import kingman_wait
 
+#: Work an automatic range holds (s). A claim between two ranges costs 100-250 µs of Python
+#: on a CPU that has just woken from a task (measured on the 2-core VM, bench/compare.py
+#: [2, 5] ms tasks: 8 ms ranges lost 1.5-2 % to claims, 20 ms ranges under 1 %); guided
+#: self-scheduling cuts ranges near the end of the pool, so the tail does not grow with it,
+#: and a death re-runs at most this much work per rank.
+CHUNK_TARGET = 20e-3
+
 __all__ = ["Costs", "Workload", "LevelLoad", "Prediction", "predict", "tail_idle", "range_chunk"]
 
 #: Operations a claim makes on its parent's board.
@@ -64,7 +71,7 @@ class Costs:
     report_age: float = 0.05
     batch_age: float = 0.05
     batch: int = 1024
-    chunk_target: float = 8e-3
+    chunk_target: float = CHUNK_TARGET
     max_chunk: int = 256
     detect: float = 1e-3
     headroom: float = 0.7

@@ -75,7 +75,14 @@ class Ran:
 
 @dataclass(frozen=True, slots=True)
 class NeedIds:
-    """The user's loop has no id in hand: give it the next range (see ``Station.hand``)."""
+    """The user's loop has no id in hand: give it the next range (see ``Station.hand``).
+
+    Attributes:
+        ran: What the loop finished since the last event, when it says so together (one
+            event instead of two between two tasks: the path a short task waits on).
+    """
+
+    ran: Ran | None = None
 
 
 @dataclass(frozen=True, slots=True)

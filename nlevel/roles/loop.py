@@ -34,6 +34,8 @@ __all__ = ["Port", "Loop", "WATCH_PERIOD"]
 #: Seconds between two looks at whether watched processes still exist.
 WATCH_PERIOD = 0.05
 
+_NEED = NeedIds()  # (frozen: one instance serves every plain request)
+
 
 class Port(Protocol):
     """What a loop needs from the world around one rank."""
@@ -264,9 +266,10 @@ class Loop:
         """The user's loop finished these."""
         self.handle(Ran(done, results, failed, tasks, busy, longest))
 
-    def need_ids(self) -> tuple[int, int] | None:
-        """Ask for the next range; return it (None: wait, or the loop is over: see ``station.ended``)."""
-        self.handle(NeedIds())
+    def need_ids(self, ran: Ran | None = None) -> tuple[int, int] | None:
+        """Ask for the next range, first recording ``ran``; return it (None: wait, or the loop is over:
+        see ``station.ended``)."""
+        self.handle(NeedIds(ran) if ran is not None else _NEED)
         return self.station.hand
 
     def leave(self, unstarted: Ranges = ()) -> None:

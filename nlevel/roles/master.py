@@ -50,6 +50,16 @@ class Master(Server):
         self.stopped = False
         self.aside = RangeSet()  # ids not handed out because of the stop
 
+    def gss_pool(self) -> int:
+        """What is left to publish: the master's queue is every id not yet handed out.
+
+        Ranges on a board are claimed in the order they went up, so dividing what is left
+        to publish makes the last ranges the smallest. (Counting the board's stock too, a
+        deep board filled mid-job with full-size ranges was the job's last ids: a rank
+        could start a full range as the others ran out, and they waited for it.)
+        """
+        return len(self.queue)
+
     def stop(self, now: float) -> None:
         """Hand out nothing more: running work finishes, then everyone is released."""
         if not self.stopped:

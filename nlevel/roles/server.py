@@ -13,7 +13,8 @@ loop ticks or a report arrives:
   own stock runs low, sized to what its region consumes (the paper's prefetch);
 * **publish** from its queue: ranges sized from the task time (``chunk_target``) and
   cut by guided self-scheduling (a child of weight ``w`` gets at most
-  ``available * w / (2 * total_weight)``), so that the last ids spread over everyone;
+  ``available * w / (2 * total_weight)``, ``available`` from :meth:`Server.gss_pool`), so that
+  the last ids spread over everyone;
 * take **reports**: completions (the master commits them to the
   :class:`~nlevel.roles.ledger.Ledger`; a region-master forwards them upward in
   batches), ids given back, tasks that failed.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Protocol
 
+from ..model.cost import CHUNK_TARGET
 from ..model.hierarchy import Hierarchy
 from ..ranges import RangeSet, Ranges
 from .board import MAX_LEN, Memory, Owner
@@ -66,7 +68,7 @@ class Sizing:
             find it empty between two of its owner's ticks).
     """
 
-    def __init__(self, chunk: int = 0, chunk_target: float = 8e-3, max_chunk: int = 256,
+    def __init__(self, chunk: int = 0, chunk_target: float = CHUNK_TARGET, max_chunk: int = 256,
                  prefetch: float = 2.0, horizon: float = 0.01) -> None:
         self.chunk = chunk
         self.chunk_target = chunk_target
@@ -313,6 +315,10 @@ class Server:
     def _limbo(self) -> bool:
         return any(o.limbo for o in self.owners.values())
 
+    def gss_pool(self) -> int:
+        """The ids guided self-scheduling divides: what this server holds, on its boards or not."""
+        return len(self.queue) + self.on_board()
+
     def leaf_chunk(self, available: int) -> int:
         """Ids per leaf range now: from the task time, cut by guided self-scheduling."""
         s = self.sizing
@@ -340,7 +346,7 @@ class Server:
         queue = self.queue
         if not queue:
             return
-        available = len(queue) + self.on_board()
+        available = self.gss_pool()
         for kind in (LEAF, UPPER):
             owner = self.owners.get(kind)
             if owner is None or owner.flags or not queue:

@@ -49,15 +49,15 @@ class Station(Replanning, Closing, Watching):
             return self.receive(event.src, event.msg)
         if kind is Tick:
             return self.tick()
+        if kind is NeedIds:
+            assert isinstance(event, NeedIds)
+            if event.ran is not None:
+                self.ran(event.ran)  # (its report, if due, goes with need_ids')
+            return self.need_ids()
         if kind is Ran:
             assert isinstance(event, Ran)
-            w = self.worker
-            assert w is not None, f"rank {self.rank} runs no tasks"
-            w.ran(event.done, event.results, event.failed, event.tasks, event.busy, event.longest, self.clock(),
-                  event.busy_sq)
+            self.ran(event)
             return self.worker_report()
-        if kind is NeedIds:
-            return self.need_ids()
         if kind is Leave:
             assert isinstance(event, Leave)
             return self.leave(event.unstarted)
@@ -180,6 +180,13 @@ class Station(Replanning, Closing, Watching):
         return outs
 
     # -- the user's loop -------------------------------------------------------------------
+    def ran(self, event: Ran) -> None:
+        """Record what the user's loop finished."""
+        w = self.worker
+        assert w is not None, f"rank {self.rank} runs no tasks"
+        w.ran(event.done, event.results, event.failed, event.tasks, event.busy, event.longest, self.clock(),
+              event.busy_sq)
+
     def need_ids(self) -> list[Effect]:
         """Put the next range in :attr:`hand`: from the queue, or claimed from the parent's board."""
         w = self.worker

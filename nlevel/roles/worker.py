@@ -87,19 +87,26 @@ class Worker:
             tasks: int, busy: float, longest: float, now: float, busy_sq: float = 0.0) -> None:
         """Record what the user's loop finished; the hand shrinks past it."""
         if done:
-            self.done.add_ranges(done)
+            if len(done) == 1:
+                a, last = done[0]
+                self.done.add(a, last)
+            else:
+                self.done.add_ranges(done)
+                last = max(b for _, b in done)
+        else:
+            last = 0
         if results:
             self.results.extend(results)
         if failed:
             self.failed.extend(failed)
+            last = max(last, max(f.id for f in failed) + 1)
         if done or failed:
             if self.oldest == math.inf:
                 self.oldest = now
-            if self.hand is not None:
+            hand = self.hand
+            if hand is not None:
                 # What ran came from the front of the hand; the rest is still to run.
-                last = max([b for _, b in done] + [f.id + 1 for f in failed])
-                lo, hi = self.hand
-                self.hand = (last, hi) if last < hi else None
+                self.hand = (last, hand[1]) if last < hand[1] else None
         if tasks:
             self.tasks += tasks
             self.busy += busy

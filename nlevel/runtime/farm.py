@@ -33,7 +33,7 @@ from . import checkpoint as ckpt
 from . import control, machine, signals, window
 from .backoff import Backoff
 from .rank import MpiPort, Runner, clock
-from .report import build_report, merge_stats, timeline
+from .report import build_report, failed_tasks, merge_stats, timeline
 from .transport import Transport, world
 
 __all__ = ["FarmRuntime", "default_app", "identity"]
@@ -367,28 +367,33 @@ class FarmRuntime:
                 backoff.wait()
 
     def _release(self, rows: list[dict[str, Any]], totals: dict[str, Any]) -> None:
-        """The master: the last checkpoint, the report, the failed ids told, then everyone released."""
+        """The master: the last checkpoint, the failed ids told, everyone released, then the report.
+
+        (The report is built after the release: every other rank waits for the release, none for the report.)
+        """
         st, ledger = self.station, self.station.ledger
         assert ledger is not None
         error: BaseException | None = self.port.checkpoint_error
         if not self.loop.final_written and self.port.write_checkpoint(ledger, True):
             error = self.port.checkpoint_error
-        report = self._report(rows, totals, ledger)
-        if error is not None:
-            report["checkpoint_error"] = str(error)
-        self.report = report
-        for f in report.get("failed_tasks") or []:
+        complete = ledger.complete()
+        failed = failed_tasks(ledger)
+        for f in failed:
             where = f" on rank {f['rank']}" + (f" ({f['host']})" if f.get("host") else "") \
                 if f.get("rank", -1) >= 0 else ""
             sys.stderr.write(f"nlevel: task {f['id']} FAILED ({f['kind']}{where}): {f['error']}\n")
         sys.stderr.flush()
-        if report["complete"] and error is None:
+        if complete and error is None:
             code = 0
         elif st.stopped and error is None and ledger.n_committed + len(ledger.failed) < ledger.total:
             code = signals.EXIT_STOPPED  # stopped (SIGUSR1, a task past its limit): the same command resumes
         else:
             code = 1
-        self.loop.perform(st.release(code, {"complete": report["complete"], "failed": report.get("failed_tasks")}))
+        self.loop.perform(st.release(code, {"complete": complete, "failed": failed}))
+        report = self._report(rows, totals, ledger)
+        if error is not None:
+            report["checkpoint_error"] = str(error)
+        self.report = report
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
         st = self.station

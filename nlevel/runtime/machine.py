@@ -9,6 +9,7 @@ measurements into what the run report and the end summary say. Files only, no MP
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -24,8 +25,12 @@ def affinity_mask() -> int:
     return (1 << (os.cpu_count() or 1)) - 1
 
 
+@functools.lru_cache(maxsize=8)
 def _cgroup_quota(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> float | None:
-    """CPUs' worth of this process's cgroup CPU quota (v2 ``cpu.max`` or v1 ``cfs_quota_us``), or None."""
+    """CPUs' worth of this process's cgroup CPU quota (v2 ``cpu.max`` or v1 ``cfs_quota_us``), or None.
+
+    Read once per process (every farm's end asks; a script may run many farms).
+    """
     paths = {"": "/"}
     try:
         with open(proc) as f:

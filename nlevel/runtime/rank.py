@@ -256,18 +256,18 @@ class Runner:
             self.serve()  # a serve-only server: its loop is the job's
             return None
         with self.lock:
-            if ran is not None:
-                loop.handle(ran)
-            if self._thread is None and st.server is not None:
-                loop.step()  # a server with no thread (one process): its checkpoint, signals and operators
-            elif self._thread is None:
+            if self._thread is None:
                 now = clock()
-                if now - self._last_tick >= SLAVE_LOOK:
-                    # A slave busy with ids hears its messages (a drain, a plan change, a dead
-                    # master) between ranges, at most every SLAVE_LOOK seconds: not only when it waits.
+                if st.server is not None or now - self._last_tick >= SLAVE_LOOK:
+                    # A server with no thread (one process) steps here: its checkpoint, signals and
+                    # operators. A slave busy with ids hears its messages (a drain, a plan change, a
+                    # dead master) between ranges, at most every SLAVE_LOOK seconds: not only when it waits.
                     self._last_tick = now
+                    if ran is not None:
+                        loop.handle(ran)  # (what ran is recorded before what the messages say)
+                        ran = None
                     loop.step()
-            hand = loop.need_ids()
+            hand = loop.need_ids(ran)  # (what ran, and the next range: one event)
             if hand is not None or st.ended:
                 return hand
         backoff = Backoff(self.config.poll_max)

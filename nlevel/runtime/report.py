@@ -56,6 +56,12 @@ def timeline(per_rank: dict[int, dict[int, int]], bin_s: float) -> dict[str, Any
     }
 
 
+def failed_tasks(ledger: Ledger) -> list[dict[str, Any]]:
+    """The ids recorded failed, as the report lists them (and the release tells every rank)."""
+    return [{"id": f.id, "kind": f.kind, "attempts": f.attempts, "rank": f.rank, "host": f.host, "error": f.error,
+             "traceback": f.traceback} for _, f in sorted(ledger.failed.items())]
+
+
 def build_report(
     *,
     config: Config,
@@ -102,10 +108,7 @@ def build_report(
         "unexpected_completions": unexpected,
         "complete": ledger.complete(),
         "failures": failures or [],
-        "failed_tasks": [
-            {"id": f.id, "kind": f.kind, "attempts": f.attempts, "rank": f.rank, "host": f.host, "error": f.error,
-             "traceback": f.traceback} for _, f in sorted(ledger.failed.items())
-        ],
+        "failed_tasks": failed_tasks(ledger),
         "tasks": {"run": tasks.n, **tasks.to_dict(1e3)},
         "task_time_sum_s": busy,
         "overhead": (1.0 - busy / (size * wall)) if wall > 0 and size else 0.0,
