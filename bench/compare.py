@@ -14,7 +14,8 @@ Measures, at the launch's process count:
   "T_wait vs rho" data (from 4 processes: below that the planner decides nothing).
 
 Systems: nlevel with its defaults (levels auto, master computes), nlevel fixed at 2 and
-at 3 levels (from 3 processes), and bench/classic.py with a serve-only master (the usual
+at 3 levels (from 3 processes), the same with two-sided grants (``--grants two-sided``: 3
+levels from 3 processes, else 2), and bench/classic.py with a serve-only master (the usual
 hand-written loop, one id per request) and with a computing master (the paper's
 classic). nlevel runs go through the public Farm API, as a user's do. Each cell is the
 median of ``--repeat`` runs, systems interleaved so drift hits all alike. Ratios, not
@@ -183,6 +184,12 @@ def systems_for(size: int) -> dict[str, Callable[[int, Callable[[int], Any]], di
     }
     if size >= 3:
         systems["nlevel (3 levels)"] = lambda n, j: run_nlevel(n, j, Config(levels=3))
+        # The same hierarchy with every claim a message to the parent's server: is one-sided the
+        # right choice at the upper level too? (issue 12 asks for numbers)
+        systems["nlevel (3 levels, two-sided grants)"] = lambda n, j: run_nlevel(n, j, Config(levels=3,
+                                                                                            grants="two-sided"))
+    else:
+        systems["nlevel (two-sided grants)"] = lambda n, j: run_nlevel(n, j, Config(levels=2, grants="two-sided"))
     if size >= 2:
         systems["classic, master serves"] = lambda n, j: run_classic(n, j, False)
     systems["classic, master computes"] = lambda n, j: run_classic(n, j, True)

@@ -62,7 +62,7 @@ COUNTS: dict[str, tuple[int, int]] = {
     "zero": (100_000, 20_000),  # zero-work tasks per nlevel / classic run
     "futures_zero": (20_000, 2_000),  # zero-work tasks per MPIPoolExecutor chunksize-1 run
     "futures_zero_tuned": (100_000, 20_000),
-    "tasks_per_proc": (100, 20),  # [2, 5] ms tasks per process
+    "tasks_per_proc": (300, 20),  # [2, 5] ms tasks per process (the workload: 600 tasks on 2 ranks, 1,200 on 4)
     "long_tasks_per_proc": (100, 2),  # [60, 180] ms tasks per process
     "rtt": (20_000, 5_000),  # raw round trips timed
     "memory_steps": (20_000, 3_000),

@@ -19,10 +19,13 @@ class Summary:
     """Count, sum, mean, standard deviation, min, max and approximate percentiles of a stream.
 
     Welford's update keeps the variance stable; a fixed-size reservoir sample gives
-    percentiles without keeping every value.
+    percentiles without keeping every value. Once the reservoir is full, the values that
+    enter it are chosen by Li's Algorithm L (ACM TOMS 20(4), 1994): one random draw per value
+    that enters, none for the values skipped (a worker records five values per claim, on
+    the path between two tasks).
     """
 
-    __slots__ = ("n", "total", "_mean", "_m2", "lo", "hi", "sample", "cap", "_seed", "_rng_")
+    __slots__ = ("n", "total", "_mean", "_m2", "lo", "hi", "sample", "cap", "_seed", "_rng_", "_next", "_w")
 
     def __init__(self, seed: int = 0, cap: int = _SAMPLE) -> None:
         """``cap``: values kept for percentiles (0: none, for huge simulated runs)."""
@@ -36,6 +39,8 @@ class Summary:
         self.cap = cap
         self._seed = seed
         self._rng_: random.Random | None = None  # made when first needed: most summaries never are
+        self._next = 0  # the count at which the next value enters the full reservoir (0: not drawn yet)
+        self._w = 1.0  # Algorithm L's running weight
 
     @property
     def _rng(self) -> random.Random:
@@ -63,10 +68,21 @@ class Summary:
             sample = self.sample
             if len(sample) < cap:
                 sample.append(x)
-            else:
-                k = int(self._rng.random() * n)
-                if k < cap:
-                    sample[k] = x
+            elif n >= self._next:
+                if not self._next:  # (the reservoir has just filled, or was merged: draw afresh)
+                    self._w = 1.0
+                    self._skip(n - 1)
+                    if n < self._next:
+                        return
+                sample[int(self._rng.random() * cap)] = x
+                self._skip(n)
+
+    def _skip(self, n: int) -> None:
+        """Algorithm L: after ``n`` values, draw the count at which the next one enters the reservoir."""
+        rng = self._rng
+        self._w *= math.exp(math.log(rng.random() or 1e-300) / self.cap)
+        w = self._w
+        self._next = n + 1 + (int(math.log(rng.random() or 1e-300) / math.log1p(-w)) if w < 1.0 else 0)
 
     def add_many(self, mean: float, n: int, hi: float | None = None) -> None:
         """Add ``n`` values known only by their ``mean`` (and largest, ``hi``): a batch of tasks timed together.
@@ -99,6 +115,7 @@ class Summary:
         """Fold ``other`` into this summary (Chan et al. parallel variance)."""
         if other.n == 0:
             return
+        self._next = 0  # (the reservoir's draw starts afresh at the next value)
         if self.n == 0:
             self.n, self.total, self._mean, self._m2 = other.n, other.total, other._mean, other._m2
             self.lo, self.hi, self.sample = other.lo, other.hi, list(other.sample)[: self.cap]
