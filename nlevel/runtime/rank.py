@@ -196,6 +196,8 @@ class Runner:
         self.period_max = config.poll_max if two_sided else max(config.poll_max, config.server_period)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # cuts a server thread's sleep short (the end, a stop)
+        self._handoff = False  # the main thread takes over the serving: the thread returns at once
         self._old_switch = sys.getswitchinterval()
         self._last_tick = 0.0
 
@@ -204,6 +206,7 @@ class Runner:
         """Start the server thread if this rank serves others and computes."""
         st = self.station
         if st.worker is not None and st.serves_remote and self._thread is None:
+            self._handoff = False
             if self.config.switch_interval > 0:
                 sys.setswitchinterval(self.config.switch_interval)
             self._thread = threading.Thread(target=self._serve_guarded, name="nlevel-server", daemon=True)
@@ -225,10 +228,11 @@ class Runner:
                 busy = n > 0 or self._demand()
                 if (st.done_serving and st.ended) or (until is not None and until()):
                     return
-                if st.done_serving and self._thread is threading.current_thread():
-                    return  # (the main thread finishes the rank's own loop)
+                if (st.done_serving or self._handoff) and self._thread is threading.current_thread():
+                    return  # (the main thread finishes the rank's own loop, or serves on itself)
             period = base if busy else min(period * 2, self.period_max)
-            time.sleep(period)
+            if self._wake.wait(period):
+                self._wake.clear()
 
     def _demand(self) -> bool:
         d = self.station.server
@@ -237,6 +241,7 @@ class Runner:
     def stop(self) -> None:
         """Stop the server thread (after the job) and give the user back Python's switch interval."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
             sys.setswitchinterval(self._old_switch)
@@ -307,6 +312,10 @@ class Runner:
         """The user's loop is over here: serve until this rank owes nobody anything."""
         st = self.station
         if self._thread is not None:
+            # The thread would notice only after its sleep (up to server_period): the master's end
+            # is every rank's, so the main thread takes the serving over now.
+            self._handoff = True
+            self._wake.set()
             self._thread.join()
             self.raise_error()
         if not st.done_serving:
