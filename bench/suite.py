@@ -14,8 +14,9 @@ settings, the machine, and whether each run was oversubscribed:
    serving or computing); and ``bench/futures_bench.py``: ``MPIPoolExecutor.map`` with
    chunksize 1 and a tuned chunksize.
 2. **The paper's micro benchmark scaled by 1/1000**: sleeping tasks uniform in [2, 5] ms
-   and [60, 180] ms, 100 per process: overhead fraction ``1 - sum(task) / (N x wall)``,
-   every process counted, for each system.
+   (300 per process, issue 12's workload) and [60, 180] ms (100 per process): overhead
+   fraction ``1 - sum(task) / (N x wall)``, every process counted, for each system (nlevel
+   also with two-sided grants, to compare with its one-sided default).
 3. **Cost of reliability**: ``python -m nlevel.run`` on [2, 5] ms tasks, with and without
    ``mpiexec --with-ft ulfm``, with and without ``--checkpoint``: wall time from the run
    report, ratio to the plain run, and the checkpoint's bytes per task.

@@ -143,20 +143,30 @@ class FarmRuntime:
         self.hierarchy: Hierarchy = build(self.size, plan)
         info = self.hierarchy[self.rank]
         needs_threads = bool(info.children) and info.computes
-        bad, threads, hi, neg_lo = t.max_ints([int(problem is not None), int(needs_threads and not t.thread_multiple),
-                                                mine, -mine])
-        if bad:
-            raise ConfigError(problem or "total is invalid on another rank (see its error message)")
-        if hi != -neg_lo:
-            raise ConfigError(f"get_task_id/Farm called with different totals on different ranks (min {-neg_lo}, "
-                              f"max {hi}); every rank must pass the same total")
-        if threads:
+        t.poll_max = cfg.poll_max
+        slots = (cfg.board_slots, max(16, cfg.board_slots // 8))
+        boards, problem_here = (None, "") if cfg.grants == "two-sided" else window.allocate(t.comm, self.rank, slots)
+        if problem_here:
+            sys.stderr.write(f"nlevel: {problem_here}\n")  # (this rank's own: it names the rank and the MPI error)
+        # One collective answers the set-up's questions (bad totals, threads, the window), tells
+        # every rank where the others run (a hung one is killed from its host, with or without
+        # ULFM), and orders every board's initialisation before anyone's first operation on it.
+        rows = t.share((int(problem is not None), int(needs_threads and not t.thread_multiple), mine,
+                        int(bool(problem_here))))
+        bad, threads, window_failed = (any(r[k] for r in rows) for k in (0, 1, 3))
+        hi, lo = max(r[2] for r in rows), min(r[2] for r in rows)
+        if bad or hi != lo or threads:
+            if boards is not None:
+                boards.close(collective=not window_failed)  # (every rank saw the same rows: all leave alike)
+            if bad:
+                raise ConfigError(problem or "total is invalid on another rank (see its error message)")
+            if hi != lo:
+                raise ConfigError(f"get_task_id/Farm called with different totals on different ranks (min {lo}, "
+                                  f"max {hi}); every rank must pass the same total")
             raise ConfigError(
                 "this MPI does not provide MPI_THREAD_MULTIPLE, which a master or region-master that "
                 "also computes needs; use serve_only='all' (--serve-only all) or an MPI with thread support")
-        t.poll_max = cfg.poll_max
-        self.boards, self.grants_note = self._boards(cfg)
-        t.learn_places()  # where every rank runs: a hung one is killed from its host (with or without ULFM)
+        self.boards, self.grants_note = self._boards(cfg, boards, window_failed, slots)
         if cfg.ft:
             # Nobody runs a task before every rank is out of the set-up collectives: a task that
             # ends its process (os._exit) while a slower rank is still inside the window's
@@ -230,17 +240,15 @@ class FarmRuntime:
                              f"task; running what is not done\n")
         return config, plan, path, meta, total, token
 
-    def _boards(self, cfg: Config) -> tuple[Any, str]:
-        """The boards: one-sided in a window (self-tested), or the two-sided fallback; and a note to print."""
+    def _boards(self, cfg: Config, boards: window.WindowBoards | None, window_failed: bool,
+                slots: tuple[int, int]) -> tuple[Any, str]:
+        """The boards: one-sided in the window (self-tested), or the two-sided fallback; and a note to print."""
         t = self.t
-        slots = (cfg.board_slots, max(16, cfg.board_slots // 8))
         if cfg.grants == "two-sided":
             return window.MessageBoards(t, self.rank, slots, cfg.poll_max, lambda: t.failed), \
                 "grants are two-sided (--grants two-sided): every claim is a message to the parent's server"
-        boards, problem = window.allocate(t.comm, self.rank, slots)
-        if problem:
-            sys.stderr.write(f"nlevel: {problem}\n")  # (this rank's own: it names the rank and the MPI error)
-        failed = t.bits(_WINDOW if problem else 0)  # (also: every board is initialised before anyone claims)
+        problem = ""
+        failed = _WINDOW if window_failed else 0
         if not failed and boards is not None:
             # Self-test: every rank adds 1 to rank 0's test word; the values they saw before their
             # additions are 0 .. size-1 in some order when the atomics work.
@@ -260,7 +268,7 @@ class FarmRuntime:
             assert boards is not None
             return boards, ""
         if boards is not None:
-            boards.close(collective=True)
+            boards.close(collective=not window_failed)  # (a rank whose allocation failed has no window to free)
         return window.MessageBoards(t, self.rank, slots, cfg.poll_max, lambda: t.failed), \
             f"one-sided operations do not work here ({problem or 'see the message above'}); falling back to " \
             f"two-sided grants (messages to each server)"

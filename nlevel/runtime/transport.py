@@ -96,9 +96,12 @@ class Transport:
         self.places: list[tuple[str, int]] = []  # (host, pid) of every rank, under fault tolerance
 
     # -- fault tolerance ----------------------------------------------------------------
-    def learn_places(self) -> None:
-        """Learn every rank's host and pid, to kill hung ones (collective)."""
-        self.places = self.comm.allgather((host(), os.getpid()))
+    def share(self, values: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Every rank's ``values``, by rank (collective); every rank's host and pid are learnt on the way
+        (:attr:`places`: to kill a hung rank from its host)."""
+        rows = self.comm.allgather((values, host(), os.getpid()))
+        self.places = [(h, pid) for _, h, pid in rows]
+        return [v for v, _, _ in rows]
 
     def enable_ft(self) -> None:
         """Turn on failure reporting: a dead peer becomes an event, not an error."""
@@ -303,10 +306,6 @@ class Transport:
         """Return whether ``flag`` is true on any rank."""
         return bool(self.comm.allreduce(bool(flag), op=MPI.LOR))
 
-    def max_ints(self, values: list[int]) -> list[int]:
-        """The elementwise maximum of ``values`` over all ranks (several questions in one collective)."""
-        return self._ints(values, MPI.MAX)
-
     def sum_ints(self, values: list[int]) -> list[int]:
         """The elementwise sum of ``values`` over all ranks."""
         return self._ints(values, MPI.SUM)
@@ -318,10 +317,6 @@ class Transport:
         out = np.empty_like(buf)
         self.comm.Allreduce(buf, out, op=op)
         return [int(v) for v in out]
-
-    def bits(self, mask: int) -> int:
-        """Return the OR of ``mask`` over all ranks (several yes/no questions in one collective)."""
-        return int(self.comm.allreduce(int(mask), op=MPI.BOR))
 
     def close(self) -> None:
         """Complete pending sends and free the private communicator (after failures: neither can be trusted)."""
