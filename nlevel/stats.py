@@ -125,11 +125,19 @@ class Summary:
         self._m2 += other._m2 + d * d * self.n * other.n / n
         self._mean += d * other.n / n
         if other.sample:
-            # Keep the merged sample proportional to the two streams' sizes.
-            k_other = round(self.cap * other.n / n)
-            mine = self._rng.sample(self.sample, min(len(self.sample), self.cap - k_other))
-            theirs = self._rng.sample(other.sample, min(len(other.sample), k_other))
-            self.sample = mine + theirs
+            mine, theirs = self.sample, other.sample
+            if len(mine) + len(theirs) <= self.cap:
+                self.sample = mine + theirs  # (both fit: nothing to choose)
+            else:
+                # Keep the merged sample proportional to the two streams' sizes; a side that
+                # fits whole is taken whole (drawing all of a list only shuffles it, at a
+                # random draw per value: the end of a job, which every rank waits for, merges
+                # every rank's statistics on the master).
+                k_other = round(self.cap * other.n / n)
+                k_mine = min(len(mine), self.cap - k_other)
+                k_other = min(len(theirs), k_other)
+                self.sample = (mine if k_mine >= len(mine) else self._rng.sample(mine, k_mine)) + \
+                    (list(theirs) if k_other >= len(theirs) else self._rng.sample(theirs, k_other))
         # (else: nothing to add to the sample, and resampling it on every merge would cost
         # O(cap) per report: the simulator merges millions)
         self.n = n
