@@ -256,7 +256,10 @@ def _entry() -> None:
     signals.install()  # first thing: a SIGUSR1 while the rank is still starting must not kill it
     try:
         code = main()
-    except SystemExit:
+    except SystemExit as exc:
+        from .launch import record_exit
+
+        record_exit(exc.code if isinstance(exc.code, int) else 1 if exc.code else 0)
         raise
     except BaseException:
         from .transport import host, world
@@ -277,6 +280,9 @@ def _entry() -> None:
             kill_self()
         world().Abort(1)
         raise
+    from .launch import record_exit
+
+    record_exit(code)  # (under ULFM mpiexec itself returns 0 whatever the ranks' statuses)
     sys.exit(code)
 
 
