@@ -163,7 +163,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NlevelError as exc:
         problem = _say(exc)
     # Every rank parsed the same argv; agree before any farm collective so none hangs.
-    problems = world.allgather(problem)
+    try:
+        problems = world.allgather(problem)
+    except transport.MpiError:
+        if not transport.setup_recovery(None):
+            raise
+        # Under ULFM a rank died before or during this gathering: the others parsed the same
+        # argv, so this rank's own verdict is theirs; the farm's set-up then survives the death.
+        problems = [problem]
     first = next((p for p in problems if p), None)
     if first is not None:
         if rank == 0:
