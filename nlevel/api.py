@@ -264,6 +264,9 @@ class Farm:
         elif self._rt.exit_code is not None:
             sys.stdout.flush()
             sys.stderr.flush()
+            from .runtime.launch import record_exit
+
+            record_exit(self._rt.exit_code)  # (under ULFM mpiexec itself returns 0 whatever the ranks' statuses)
             os._exit(self._rt.exit_code)  # MPI_Finalize may hang after failures (see MPI_NOTES)
 
     # -- what the job did ---------------------------------------------------------------------

@@ -163,7 +163,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NlevelError as exc:
         problem = _say(exc)
     # Every rank parsed the same argv; agree before any farm collective so none hangs.
-    problems = world.allgather(problem)
+    try:
+        problems = world.allgather(problem)
+    except transport.MpiError:
+        if not transport.setup_recovery(None):
+            raise
+        # Under ULFM a rank died before or during this gathering: the others parsed the same
+        # argv, so this rank's own verdict is theirs; the farm's set-up then survives the death.
+        problems = [problem]
     first = next((p for p in problems if p), None)
     if first is not None:
         if rank == 0:
@@ -256,7 +263,10 @@ def _entry() -> None:
     signals.install()  # first thing: a SIGUSR1 while the rank is still starting must not kill it
     try:
         code = main()
-    except SystemExit:
+    except SystemExit as exc:
+        from .launch import record_exit
+
+        record_exit(exc.code if isinstance(exc.code, int) else 1 if exc.code else 0)
         raise
     except BaseException:
         from .transport import host, world
@@ -277,6 +287,9 @@ def _entry() -> None:
             kill_self()
         world().Abort(1)
         raise
+    from .launch import record_exit
+
+    record_exit(code)  # (under ULFM mpiexec itself returns 0 whatever the ranks' statuses)
     sys.exit(code)
 
 

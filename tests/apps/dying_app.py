@@ -22,6 +22,8 @@ def add_arguments(parser):
     parser.add_argument("--poison", action="store_true")
     parser.add_argument("--die-rank", type=int, default=-1, help="instead: rank R dies at its --die-after-th task")
     parser.add_argument("--die-after", type=int, default=10)
+    parser.add_argument("--die-in-setup", choices=["options", "dup", "bcast", "window", "places"], default=None,
+                        help="instead: rank --die-rank is SIGKILLed when the farm's set-up reaches this call")
 
 
 _count = 0
@@ -30,6 +32,32 @@ _count = 0
 def setup(options):
     global _opts
     _opts = options
+    if options.die_in_setup:
+        _die_in_setup(options.die_in_setup, options.die_rank)
+
+
+def _die_in_setup(step, rank):
+    """SIGKILL rank ``rank`` as it enters ``step`` of the farm's set-up (the others are in or near it)."""
+    import signal
+
+    from nlevel.runtime import farm, transport, window
+
+    if int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) != rank:
+        return
+
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if step == "options":  # (setup runs while the options are checked, before any collective)
+        die()
+    elif step == "dup":
+        farm.Transport = die
+    elif step == "bcast":
+        transport.Transport.bcast = die
+    elif step == "window":
+        window.allocate = die
+    else:
+        transport.Transport.share = die
 
 
 def total(options):

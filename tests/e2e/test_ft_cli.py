@@ -57,6 +57,21 @@ def test_a_python_level_death_is_a_detected_failure_not_a_hang(tmp_path, mpi_env
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.parametrize("step,rank", [("options", 2), ("dup", 0), ("bcast", 3), ("window", 0), ("places", 5)])
+def test_a_death_during_set_up_is_survived_not_a_hang(tmp_path, mpi_env, step, rank):
+    """Issue 14: a rank SIGKILLed inside the first collectives; the others shrink and set up again."""
+    proc, report, runs = run_job(tmp_path, mpi_env, 7, ["--n", "300", "--levels", "3", "--regions", "2",
+                                                         "--die-rank", str(rank), "--die-in-setup", step])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["complete"] and report["committed"] == 300
+    assert [(f["rank"], f["how"]) for f in report["failures"]] == [(rank, "died during set-up")]
+    assert report["user_ranks"] == [r for r in range(7) if r != rank]
+    assert f"rank(s) {rank} of the job died while the farm was being set up" in proc.stderr
+    assert completed_ids(tmp_path / "run.h5") == set(range(300))
+    assert max(runs.values()) == 1  # nothing had run: nothing runs twice
+
+
+@pytest.mark.timeout(200)
 def test_a_raising_task_is_retried_then_recorded_failed(tmp_path, mpi_env):
     proc, report, runs = run_job(tmp_path, mpi_env, 4, ["--n", "120", "--how", "raise", "--die-task", "50",
                                                          "--poison", "--on-task-error", "retry", "--task-retries", "2",

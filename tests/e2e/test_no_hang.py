@@ -18,9 +18,6 @@ def _failed_lines(stderr: str) -> list[str]:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.xfail(reason="issue 14, open: some runs end with rc 3 and no report: every process vanishes at once "
-                          "after the 3rd-5th os._exit (prterun ends the job; cause not yet found, the "
-                          "master's first deaths are involved); other runs pass", strict=False)
 @pytest.mark.parametrize("plan", [["--serve-only", "master"], []])
 def test_a_task_that_calls_os_exit_every_time_is_quarantined_not_a_hang(tmp_path, mpi_env, plan):
     proc, report, runs = run_job(tmp_path, mpi_env, 8, ["--n", "400", "--die-task", "17", "--how", "os_exit",

@@ -99,3 +99,19 @@ def test_one_node_leaves_one_sided_operations_to_shared_memory(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "4")
     _, env = launch.build_command(["-n", "2", "./app"], cores=4, root=False, open_mpi=True)
     assert env == {}
+
+
+def test_under_ulfm_a_non_zero_exit_does_not_end_the_job_and_statuses_come_back_by_file(monkeypatch, tmp_path):
+    """PRRTE would end the whole job when one process exits non-zero (issue 14: a task's os._exit)."""
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    monkeypatch.delenv("PRTE_MCA_state_base_error_non_zero_exit", raising=False)
+    _, env = launch.build_command(["--with-ft", "ulfm", "-n", "2", "./app"], cores=4, root=False, open_mpi=True)
+    assert env["PRTE_MCA_state_base_error_non_zero_exit"] == "0"
+    _, env = launch.build_command(["-n", "2", "./app"], cores=4, root=False, open_mpi=True)
+    assert "PRTE_MCA_state_base_error_non_zero_exit" not in env
+    monkeypatch.setenv(launch.EXIT_DIR, str(tmp_path))
+    launch.record_exit(0)
+    assert launch._worst_recorded(str(tmp_path)) == 0  # (a zero status is not written)
+    launch.record_exit(75)
+    (tmp_path / "1").write_text("1\n")
+    assert launch._worst_recorded(str(tmp_path)) == 75
