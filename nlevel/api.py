@@ -181,6 +181,8 @@ class Farm:
         if exc_type is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
             self.close()
             return
+        if self._closed and isinstance(exc, NlevelError):
+            return  # the job's end was reached (every rank released); its error goes to the caller, no abort
         _abort_job(self.rank, "unhandled exception in the task loop", exc_type, exc, tb, self._rt.ft)
 
     # -- the current task ---------------------------------------------------------------------

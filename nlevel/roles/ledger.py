@@ -63,6 +63,9 @@ class Ledger:
         """
         for tid, k in other.timeouts.items():
             self.timeouts[tid] = max(k, self.timeouts.get(tid, 0))
+        for tid, f in other.failed.items():  # (a new master from the file alone must not lose /failed)
+            if tid not in self.committed and tid not in self.failed and tid not in self.retrying:
+                self.failed[tid] = f
         fresh = other.committed.copy()
         fresh.remove_ranges(self.committed.ranges())
         if not fresh:

@@ -146,7 +146,11 @@ class Watching(StationCore):
             return outs
         # This rank's own task: its successor must count the timeout, since this rank goes.
         successor = self.info.parent if isinstance(self.server, Region) else deputy(self.hierarchy)
-        if successor is not None:
+        if isinstance(self.server, Master) and not self.ft:
+            # Without fault tolerance the master is given up, not killed: no successor takes over,
+            # and its server goes on writing the checkpoint, so the count must be in its own ledger.
+            outs += self.note_timeout(rank, ids.ranges())
+        elif successor is not None:
             outs.append(Send(successor, notice))
         outs.append(Kill(rank, why) if self.ft else Abandon(rank, why))
         return outs

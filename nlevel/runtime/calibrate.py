@@ -15,8 +15,9 @@ Run under mpiexec with 2+ processes (``--calibrate`` launches it for you). Media
   memory: how long one operation occupies the target (operations on one board queue).
 
 The result goes to :func:`nlevel.model.calibration.default_path` (or ``--out``), where
-``python -m nlevel.plan`` and ``python -m nlevel.sim`` find it (a ``--levels auto`` job does
-not read it: it starts from the ``--service-time`` ... settings and measures its own service time).
+``python -m nlevel.plan``, ``python -m nlevel.sim`` and a ``--levels auto`` job find it (the job
+takes the costs it was not given from it, :mod:`nlevel.runtime.costs`, then measures its own
+service time).
 """
 
 from __future__ import annotations

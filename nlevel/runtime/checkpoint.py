@@ -369,6 +369,13 @@ def _previous_created(path: Path, meta: RunMeta) -> str | None:
     return str(a["created"]) if "created" in a else None
 
 
+def _why(e: BaseException) -> str:
+    """An error in one short line (h5py's OSError spans lines, naming buffers and offsets)."""
+    if isinstance(e, OSError) and e.errno:
+        return f"{type(e).__name__}: [Errno {e.errno}] {os.strerror(e.errno)}"
+    return " ".join(f"{type(e).__name__}: {e}".split())
+
+
 def write(path: str | os.PathLike[str], meta: RunMeta, snap: Snapshot) -> None:
     """Atomically replace `path` with a checkpoint holding `meta` and `snap`.
 
@@ -411,7 +418,7 @@ def write(path: str | os.PathLike[str], meta: RunMeta, snap: Snapshot) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(e, Exception):
-            raise CheckpointError(f"cannot write checkpoint {p} ({type(e).__name__}: {e}); "
+            raise CheckpointError(f"cannot write checkpoint {p} ({_why(e)}); "
                                   f"the previous checkpoint, if any, is intact") from e
         raise
     try:
@@ -499,7 +506,7 @@ class Writer:
             size = self._path.stat().st_size
         except Exception as e:
             err = e if isinstance(e, CheckpointError) else CheckpointError(
-                f"cannot write checkpoint {self._path} ({type(e).__name__}: {e})")
+                f"cannot write checkpoint {self._path} ({_why(e)})")
             self._error = err
             self.failures += 1
             return

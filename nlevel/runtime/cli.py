@@ -208,7 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"nlevel: error: {_say(exc)}", file=sys.stderr, flush=True)
         else:  # the run happened but its end failed (e.g. the last checkpoint write)
             status = 1
-            print(f"nlevel: error: {_say(exc)}", file=sys.stderr, flush=True)
+            told = isinstance(exc, CheckpointError) and (farm.report or {}).get("stopped") == "checkpoint"
+            if not told:  # (a failed write that stopped the job was said once, when it happened)
+                print(f"nlevel: error: {_say(exc)}", file=sys.stderr, flush=True)
     if farm is not None and farm.report is not None:  # the master (rank 0 unless it died)
         report = farm.report
         report["app"] = {"name": app.name, "options": _app_options(app, options), "argv": list(argv or sys.argv[1:])}

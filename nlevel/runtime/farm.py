@@ -178,7 +178,7 @@ class FarmRuntime:
             if failure is not None:
                 raise failure
             raise value
-        cfg, plan, path, meta, total0, lock_token = value
+        cfg, plan, path, meta, total0, lock_token, self.costs_from = value
         self.plan, self._lock_token = plan, lock_token
         self.config: Config = cfg
         self.checkpoint: str | None = path
@@ -286,6 +286,11 @@ class FarmRuntime:
             raise ConfigError(problem)
         total = int(total)
         config = config if config is not None else Config.from_env()
+        from .costs import with_calibration
+
+        config, costs_from, notes = with_calibration(config)  # (--levels auto: the stored calibration)
+        for note in notes:
+            sys.stderr.write(f"nlevel: warning: {note}\n")
         plan = config.plan(self.size)
         path = os.fspath(checkpoint) if checkpoint is not None else None
         snap = ckpt.Snapshot.empty()
@@ -315,7 +320,7 @@ class FarmRuntime:
             sys.stderr.write(f"nlevel: retrying {len(again)} failed task(s) recorded in {path}: {shown}\n"
                              if again else f"nlevel: --retry-failed: {path or 'no checkpoint'} records no failed "
                              f"task; running what is not done\n")
-        return config, plan, path, meta, total, token
+        return config, plan, path, meta, total, token, costs_from
 
     def _boards(self, cfg: Config, boards: window.WindowBoards | None, window_failed: bool,
                 slots: tuple[int, int]) -> tuple[Any, str]:
@@ -492,6 +497,7 @@ class FarmRuntime:
             report["failures"] = self.setup_deaths + report["failures"]
             report["user_ranks"] = user_ranks(self.t.comm, self.user_comm)
         report["grants"] = self.boards.kind
+        report["costs_from"] = self.costs_from  # (where the model's costs came from: calibration, settings)
         report["dead_ranks"] = sorted(st.failed)
         report["timeline"] = timeline(totals.get("timeline", {}), TIMELINE_BIN)
         report["drained"] = [{"rank": r, "requested_at": t0} for r, t0 in sorted(st.drained.items())]

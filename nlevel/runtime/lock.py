@@ -354,8 +354,15 @@ def _create(path: str, h: Holder) -> bool:
     try:
         os.write(fd, _payload(h))
         os.fsync(fd)
-    finally:
+    except OSError as exc:  # (a full file system: an empty lock would read as foreign to the next job)
         os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise CheckpointError(f"cannot write the lock file {path} ({exc.strerror or exc}); "
+                              f"the checkpoint's file system must have room") from exc
+    os.close(fd)
     return True
 
 

@@ -58,3 +58,18 @@ def test_the_deputy_is_the_lowest_survivor_after_the_master():
     assert deputy(h) == 1
     assert deputy(build(8, Plan(3, (2,)), frozenset({0, 1}))) == 3
     assert deputy(build(1, Plan())) is None
+
+
+def test_a_new_master_from_the_checkpoint_alone_keeps_the_failed_ids():
+    """Issue 14: merging the file's ledger into the new master's dropped ``/failed`` (they would run again)."""
+    from nlevel.roles.ledger import Ledger
+    from nlevel.roles.messages import TaskFailure
+
+    on_file = Ledger(10, [(0, 4)], [0, 1, 2, 3], [0.0, 1.0, 2.0, 3.0])
+    on_file.fail(TaskFailure(7, "raised", "ValueError: broken", 3, "h", "", 3))
+    on_file.fail(TaskFailure(8, "died", "quarantined", -1, "", "", 3))
+    new = Ledger(10)
+    new.retrying[8] = on_file.failed[8]  # (--retry-failed runs 8 again: not failed in this run)
+    assert new.merge(on_file) == 4
+    assert sorted(new.failed) == [7] and new.failed[7].error == "ValueError: broken"
+    assert new.merge(on_file) == 0 and sorted(new.failed) == [7]  # (idempotent)
