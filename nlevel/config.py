@@ -173,7 +173,7 @@ class Config:
     batch_age: float = _setting(
         0.05, "... or once the oldest has waited this long", group="batching", check=_positive_float, unit="s")
     chunk_target: float = _setting(
-        CHUNK_TARGET, "automatic chunks aim at this much work per request", group="batching", check=_positive_float, unit="s")
+        CHUNK_TARGET, "automatic chunks aim at this much work per request (at most 1/40 of a process's ids)", group="batching", check=_positive_float, unit="s")
     max_chunk: int = _setting(
         256, "largest automatic chunk", group="batching", check=_int_at_least(1), unit="ids")
     progress: bool = _setting(

@@ -41,6 +41,21 @@ from .queueing import kingman_wait
 #: work per rank.
 CHUNK_TARGET = 30e-3
 
+#: An automatic range holds at most 1/TAIL_RANGES of a process's share of the job's ids. When
+#: the last ranges are handed out each worker still has about half a range to run, so ranges
+#: sized from the task time alone lengthen a short job's tail: 1,024 processes x 100 tasks of
+#: [2, 5] ms simulated 2.6 % with 8 ms ranges and 3.5 % with 30 ms ones; with this cap, 2 ids.
+TAIL_RANGES = 40
+
+
+def auto_ids(task_mean: float, chunk_target: float, max_chunk: int, ids_per_proc: float | None = None) -> int:
+    """Ids per automatic range: about ``chunk_target`` seconds of work, at most ``max_chunk``, and at
+    most 1/:data:`TAIL_RANGES` of a process's share of the job (``ids_per_proc``, when known)."""
+    n = max_chunk if task_mean <= 0 else int(chunk_target / task_mean)
+    if ids_per_proc is not None:
+        n = min(n, int(ids_per_proc / TAIL_RANGES))
+    return max(1, min(max_chunk, n))
+
 __all__ = ["Costs", "Workload", "LevelLoad", "Prediction", "predict", "tail_idle", "range_chunk"]
 
 #: Operations a claim makes on its parent's board.
@@ -129,7 +144,8 @@ def range_chunk(plan: Plan, work: Workload, costs: Costs) -> int:
     """Ids per range: the plan's ``chunk``, else as the servers size them (``chunk_target`` of work)."""
     if plan.chunk:
         return plan.chunk
-    return max(1, min(costs.max_chunk, int(costs.chunk_target / work.task_mean)))
+    return auto_ids(work.task_mean, costs.chunk_target, costs.max_chunk,
+                    work.tasks / max(1, work.procs) if work.tasks else None)
 
 
 def tail_idle(mean: float, var: float, longest: float, ranks: int) -> float:

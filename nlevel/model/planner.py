@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 from ..errors import ConfigError
-from .cost import Costs, Prediction, Workload, predict
+from .cost import Costs, Prediction, Workload, auto_ids, predict
 from .plan import Plan
 
 __all__ = ["Decision", "choose_plan", "candidates", "first_plan", "BINDING", "CLASSIC_UP_TO"]
@@ -106,7 +106,7 @@ def candidates(procs: int, task_mean: float, costs: Costs, serve_only: str = "no
                max_levels: int = 6) -> Iterator[Plan]:
     """Every plan worth evaluating on ``procs`` processes: depths, region counts, and for short
     tasks ids per range (1 to 64 tasks of work per claim)."""
-    auto = max(1, min(costs.max_chunk, int(costs.chunk_target / task_mean)))
+    auto = auto_ids(task_mean, costs.chunk_target, costs.max_chunk)
     chunks = [0]
     if task_mean * auto < 0.05:  # short ranges: packing more per claim may pay
         chunks += [c for c in (2, 4, 8, 16, 32, 64) if c > auto]

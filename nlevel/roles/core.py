@@ -69,7 +69,7 @@ class StationCore:
         self.boards = boards
         self.ledger = ledger
         self.sizing = Sizing(config.chunk, config.chunk_target, config.max_chunk, hierarchy.plan.prefetch,
-                             max(0.01, 4 * config.server_period))
+                             max(0.01, 4 * config.server_period), ids_per_proc=total / max(1, hierarchy.size))
         self.epoch = 0
         self.plans: list[Plan] = [hierarchy.plan]
         self.draining: dict[int, set[int]] = {}  # epoch -> old children not yet acknowledged

@@ -28,12 +28,11 @@ from __future__ import annotations
 import math
 from typing import Callable, Protocol
 
-from ..model.cost import CHUNK_TARGET
+from ..model.cost import CHUNK_TARGET, auto_ids
 from ..model.hierarchy import Hierarchy
 from ..ranges import RangeSet, Ranges
 from .board import MAX_LEN, Memory, Owner
 from .messages import Report, Result, TaskFailure
-from .worker import auto_chunk
 
 __all__ = ["LEAF", "UPPER", "Boards", "Child", "Server", "Sizing"]
 
@@ -66,10 +65,12 @@ class Sizing:
         prefetch: A region-master keeps this many refills' worth of ids in stock.
         horizon: Seconds of consumption a board keeps published (so that claimers do not
             find it empty between two of its owner's ticks).
+        ids_per_proc: The job's ids per process (caps automatic ranges; None: no cap).
     """
 
     def __init__(self, chunk: int = 0, chunk_target: float = CHUNK_TARGET, max_chunk: int = 256,
-                 prefetch: float = 2.0, horizon: float = 0.01) -> None:
+                 prefetch: float = 2.0, horizon: float = 0.01, ids_per_proc: float | None = None) -> None:
+        self.ids_per_proc = ids_per_proc
         self.chunk = chunk
         self.chunk_target = chunk_target
         self.max_chunk = max_chunk
@@ -322,7 +323,8 @@ class Server:
     def leaf_chunk(self, available: int) -> int:
         """Ids per leaf range now: from the task time, cut by guided self-scheduling."""
         s = self.sizing
-        base = s.chunk or (auto_chunk(self.task_mean, s.chunk_target, s.max_chunk) if self._tasks_seen else 1)
+        base = s.chunk or (auto_ids(self.task_mean, s.chunk_target, s.max_chunk, s.ids_per_proc)
+                           if self._tasks_seen else 1)
         share = math.ceil(available / (2 * max(1, self.total_weight)))
         return max(1, min(base, share, MAX_LEN))
 

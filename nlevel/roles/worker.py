@@ -20,7 +20,7 @@ from ..stats import RequestTimes, Summary
 from .board import Claim, Claimer, Memory
 from .messages import Report, Result, TaskFailure
 
-__all__ = ["Worker", "State", "auto_chunk", "staggered"]
+__all__ = ["Worker", "State", "staggered"]
 
 
 class State(str, Enum):
@@ -30,13 +30,6 @@ class State(str, Enum):
     WAIT = "wait"  # nothing published for its ticket yet (or its parent is switching plans)
     END = "end"  # no id will ever come
     LEFT = "left"  # the user's loop left early
-
-
-def auto_chunk(mean_task_s: float, target_s: float, max_chunk: int) -> int:
-    """Ids per range so that a range runs about ``target_s`` seconds (1 for long tasks, up to ``max_chunk``)."""
-    if mean_task_s <= 0:
-        return max_chunk
-    return max(1, min(max_chunk, int(target_s / mean_task_s)))
 
 
 def staggered(age: float, rank: int) -> float:
