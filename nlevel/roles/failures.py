@@ -24,6 +24,7 @@ from .recovery import Reconciliation, deputy, expected, reconciler
 from .master import Master
 from .region import Region
 from .server import LEAF, UPPER, Server
+from .worker import State
 
 __all__ = ["Failures", "MIRROR_AGE", "MIRROR_BATCH"]
 
@@ -124,7 +125,8 @@ class Failures(StationCore):
         parent = old[self.rank].parent
         if parent is not None and parent in new and self.info.parent is not None:
             # Unasked, to the new parent: it records what this rank's subtree holds.
-            outs.append(Send(self.info.parent, Holding(self.holding(sent=False).ranges(), tuple(sorted(failed)))))
+            outs.append(Send(self.info.parent, Holding(self.holding(sent=False).ranges(), tuple(sorted(failed)),
+                                                       left=self.left_the_loop())))
         if ask - {self.rank}:
             assert self.recon is not None
             names = tuple(sorted(failed))
@@ -160,6 +162,13 @@ class Failures(StationCore):
             self.deferred.append((src, msg))
         return waiting
 
+    def left_the_loop(self) -> bool:
+        """Whether this rank claims no more: its loop left early and it serves nobody (or its region left)."""
+        d, w = self.server, self.worker
+        if isinstance(d, Region):
+            return d.gone
+        return d is None and w is not None and w.state is State.LEFT
+
     def on_holding(self, src: int, msg: Holding) -> list[Effect]:
         """A survivor whose parent died says what it holds (this rank reconciles, or is its new parent)."""
         if msg.ask:
@@ -175,6 +184,8 @@ class Failures(StationCore):
             path = self.hierarchy[path].parent
         if path is not None and path != self.rank:
             d.attach(d.children[path], held)  # the child's subtree holds these now
+            if msg.left and path == src:
+                d.child_left(d.children[src])  # (its leaving report went to the parent that died)
         outs: list[Effect] = []
         recon = self.recon
         if recon is not None and msg.token >= 0 and (src in recon.expected or src in recon.got):
@@ -328,6 +339,8 @@ class Failures(StationCore):
                     child = d.adopt_child(r, wt, kind)
                     if r == self.rank and w is not None:
                         d.attach(child, w.holding())  # this rank's own loop is now served here
+                        if w.state is State.LEFT:
+                            d.child_left(child)  # (it left while it was someone else's child)
         self.server = d
         if w is None:
             return outs

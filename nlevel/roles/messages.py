@@ -172,6 +172,7 @@ class Holding:
     token: int = -1  # an ask's number, echoed by its answer (-1: unasked, to a new parent)
     lost: tuple[tuple[int, Ranges], ...] = ()  # (dead rank, completions the sender had passed to it)
     sent: Ranges = ()  # an answer: completions the sender passed to live parents (maybe in flight)
+    left: bool = False  # unasked, to a new parent: the sender claims no more (its leaving report was lost)
 
 
 @dataclass(frozen=True, slots=True)

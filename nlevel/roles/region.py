@@ -116,8 +116,8 @@ class Region(Server):
         self.up_busy_sq += report.busy_sq
 
     def everyone_left(self) -> bool:
-        """Whether every child has left the loop early."""
-        return bool(self.children) and not (self.live[LEAF] or self.live[UPPER])
+        """Whether every child has left the loop early (or died), none being left to claim here."""
+        return self.had_children and not (self.live[LEAF] or self.live[UPPER])
 
     def flush_due(self, now: float) -> bool:
         """Whether buffered completions should go up now."""

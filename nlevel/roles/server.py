@@ -118,6 +118,7 @@ class Server:
         self.total_weight = 0
         self.held_total = 0
         self.live = {LEAF: 0, UPPER: 0}  # children of each board kind still in the loop
+        self.had_children = False
         self.live_weight = {LEAF: 0, UPPER: 0}
         self.owners: dict[int, Owner] = {}
         for r, w in weights.items():
@@ -149,6 +150,7 @@ class Server:
     # -- children -------------------------------------------------------------------------
     def _add_child(self, rank: int, weight: int, kind: int) -> Child:
         child = self.children[rank] = Child(rank, weight, kind)
+        self.had_children = True  # (a region-master whose children all died or left gives its stock back)
         child.heard = self.clock()
         self.total_weight += weight
         self.live[kind] += 1
@@ -167,6 +169,12 @@ class Server:
         if not child.left:
             self._gone(child)
         return child.held
+
+    def child_left(self, child: Child) -> None:
+        """``child`` left the loop early: it claims no more here."""
+        if not child.left:
+            child.left = True
+            self._gone(child)
 
     def _gone(self, child: Child) -> None:
         """``child`` claims no more (it left, or died)."""
@@ -443,9 +451,8 @@ class Server:
             if self.track_settled:
                 self.settled.add(f.id, f.id + 1)
             self.task_failed(f)
-        if report.leaving and src in self.children and not child.left:
-            child.left = True
-            self._gone(child)
+        if report.leaving and src in self.children:
+            self.child_left(child)
         self._after_report(report, now)
 
     # -- what the master and the regions do differently ----------------------------------------

@@ -171,11 +171,11 @@ def test_random_drains_with_one_death_lose_nothing(seed):
     exactly_once(r, total)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "roles bug found by the simulator: the master drains rank 14 as a slave before it hears that 13 and 12, the "
-    "region's leaders, died; 14 then becomes the region-master, its own loop leaves (drained), and the ids it "
-    "published on its board stay there with no claimer left in the region (66-70 here)"))
 def test_a_drained_slave_elected_region_master_keeps_nothing():
+    """Found by the simulator: the master drains rank 14 as a slave before it hears that 13 and 12, the
+    region's leaders, died; 14 becomes the region-master with its own loop (and 15's) already left, their
+    leaving reports lost with 12. A new parent now learns it from the Holding (``left``), and a region
+    whose children all left or died gives its stock back."""
     r, total = run(16, Plan(3, (4,), chunk=1), [(0.0994, 8), (0.0463, 12), (0.0121, 13)], [(0.0662, 3)], seed=164)
     exactly_once(r, total)
 
