@@ -24,6 +24,7 @@ from ..config import Config
 from ..errors import ConfigError, NlevelError
 from ..model.hierarchy import Hierarchy, build
 from ..roles.events import Ran
+from ..roles.messages import FailureRecord
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.station import Station
@@ -496,6 +497,14 @@ class FarmRuntime:
         if self.setup_deaths:  # (ranks of the user's communicator; the farm's own were renumbered after them)
             report["failures"] = self.setup_deaths + report["failures"]
             report["user_ranks"] = user_ranks(self.t.comm, self.user_comm)
+        recorded = {f["rank"] for f in report["failures"] if f.get("role") != "set-up"}
+        first = build(self.size, st.plans[0])
+        for r in sorted(set(st.failed) - recorded):
+            # Its record was made by the rank that recovered from it, which died too (a master and
+            # its successor killed close together): the death is still told.
+            report["failures"].append(FailureRecord(
+                r, first[r].role.value, first[r].level, "died; the record of its recovery was lost with the rank "
+                "that made it (which died too)", -1, 0.0, 0).to_dict() | {"detected_at": None})
         report["grants"] = self.boards.kind
         report["costs_from"] = self.costs_from  # (where the model's costs came from: calibration, settings)
         report["dead_ranks"] = sorted(st.failed)

@@ -120,7 +120,8 @@ def test_with_ulfm_the_job_survives(tmp_path, mpi_env, size, levels, regions, sc
     assert sorted(f["rank"] for f in failures) == sorted(k.rank for k in res.kills), msg
     for f in failures:
         assert FAILURE_KEYS <= set(f), msg
-        assert f["detected_at"] <= f["recovered_at"], msg
+        # (a death whose record was lost with the rank that recovered from it has no times)
+        assert f["detected_at"] is None or f["detected_at"] <= f["recovered_at"], msg
     assert a["within_bound"], msg
     # A victim stopped with SIGSTOP must have been killed by the library (lease expiry).
     assert res.leftover == [], f"ranks {res.leftover} outlived the job"
