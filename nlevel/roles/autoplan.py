@@ -21,8 +21,9 @@
    planner's choice (:mod:`nlevel.model.planner`) when that choice is predicted better.
    A plan with fewer servers that the measurements accept (under C, every server under the
    headroom, predicted no worse than the current one plus half a point) replaces the current
-   one too: the start tree sized from the process count was a guess, and the paper's rule is
-   the shallowest plan that meets C.
+   one too, when the switch itself (bounded by one service time per process) costs under half
+   a point of what remains: the start tree sized from the process count was a guess, and the
+   paper's rule is the shallowest plan that meets C.
    Every decision, with its inputs and reason, goes into the run report; then the master
    samples again every ``replan_interval`` seconds, so a job whose tasks change is re-planned.
 """
@@ -78,6 +79,7 @@ class AutoPlanner:
         self.next_window = 0.0
         self.decisions: list[dict[str, Any]] = [{"time": 0.0, "start": plan.to_dict(), "reason": plan.reason}]
         self.force = parse_force(config.force_replan)
+        self.committed = 0.0  # fraction of the tasks committed, as of the last tick
 
     @property
     def workers(self) -> int:
@@ -111,6 +113,7 @@ class AutoPlanner:
         ``master`` (the master's server) logs the time of every claim on its boards while a
         sampling window is open: those are the claims' arrivals.
         """
+        self.committed = committed_fraction
         if master is not None:
             if self.state == "sampling" and master.claim_log is None:
                 master.claim_log = []
@@ -199,8 +202,13 @@ class AutoPlanner:
         # plan under C), go to it, even if the guess is also under C. The model does not see what
         # a deeper tree costs at the end of a job (stock left in regions while other regions idle),
         # so "predicted no worse" is judged with that margin in the shallower plan's favour.
+        # A switch is not free: every rank regroups, and its acknowledgement and first report pass a
+        # server (at most one service time per process). Only worth it when that is under half a
+        # point of what remains of the job (not for a 32,768-rank job of milliseconds or seconds).
+        remaining = (1.0 - self.committed) * self.total * mean / max(1, self.workers)
+        regroup = self.size * costs.service_time
         shallower = (servers(chosen) < servers(current) and chosen.feasible and chosen.overhead <= c.threshold
-                     and chosen.overhead <= current.overhead + 0.005)
+                     and chosen.overhead <= current.overhead + 0.005 and regroup <= 0.005 * remaining)
         switch = not same and ((trouble and better) or shallower)
         if same:
             why = f"keep: {decision.reason}"

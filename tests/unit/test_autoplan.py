@@ -41,3 +41,11 @@ def test_a_plan_the_model_would_not_shrink_is_kept():
     plan, rec = _decide(32768, start, 0.0035, 30e-6, 2e-6)
     if plan is not None:
         assert plan.levels >= 3  # (never classic: one master cannot take 32,768 ranks' millisecond claims)
+
+
+def test_no_switch_to_fewer_servers_when_the_regroup_costs_more_than_it_can_save():
+    # 32,768 x 2-5 s with the slow master: a regroup may cost 32,768 x 0.5 ms = 16 s, more than
+    # half a point of a job of ~350 s: the start tree stays unless it is in trouble.
+    start = Plan(4, (16, 16), reason="start")
+    plan, rec = _decide(32768, start, 3.5, 0.5e-3, 50e-6)
+    assert not rec["reason"].startswith("switch to fewer servers"), rec["reason"]
