@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from .cost import Costs, Prediction, Workload, auto_ids, predict
 from .plan import Plan
 
-__all__ = ["Decision", "choose_plan", "candidates", "first_plan", "BINDING", "CLASSIC_UP_TO"]
+__all__ = ["Decision", "choose_plan", "candidates", "first_plan", "servers", "BINDING", "CLASSIC_UP_TO"]
 
 #: Up to this many processes a ``--levels auto`` job starts classic (one master keeps up with the first burst).
 CLASSIC_UP_TO = 128
@@ -130,7 +130,8 @@ def candidates(procs: int, task_mean: float, costs: Costs, serve_only: str = "no
                         yield Plan(levels, (r,) * splits, chunk=chunk, serve_only=serve_only)
 
 
-def _servers(p: Prediction) -> int:
+def servers(p: Prediction) -> int:
+    """Servers (the master and region-masters) the predicted plan runs."""
     return sum(lv.servers for lv in p.levels)
 
 
@@ -152,15 +153,15 @@ def choose_plan(work: Workload, costs: Costs, threshold: float = 0.10, serve_onl
     if ok:
         best = min(p.overhead for p in ok)
         near = [p for p in ok if p.overhead <= best + max(0.1 * best, 0.001)]
-        pick = min(near, key=lambda p: (_servers(p), p.overhead))
+        pick = min(near, key=lambda p: (servers(p), p.overhead))
         why = (f"predicted {pick.overhead:.2%} <= C={threshold:.0%} with every server at rho <= "
                f"{costs.headroom:.2f} (busiest {pick.busiest:.2f}); {pick.plan.levels} levels, "
-               f"{_servers(pick) - 1} region-masters, {pick.chunk} id(s) per range")
+               f"{servers(pick) - 1} region-masters, {pick.chunk} id(s) per range")
     else:
         pick = min(preds, key=lambda p: p.overhead)
         feasible = [p for p in preds if p.feasible]
         why = (f"no plan meets C={threshold:.0%} with rho <= {costs.headroom:.2f}: lowest predicted "
-               f"{pick.overhead:.2%} ({pick.plan.levels} levels, {_servers(pick) - 1} region-masters); "
+               f"{pick.overhead:.2%} ({pick.plan.levels} levels, {servers(pick) - 1} region-masters); "
                f"what stops it: {BINDING.get(pick.binding, pick.binding)}")
         if not feasible:
             why += "; every plan has a server above the headroom"

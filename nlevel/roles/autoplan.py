@@ -19,6 +19,11 @@
    scaled up to match) go through the model (:mod:`nlevel.model.cost`); a plan predicted
    above C, or with a server above the headroom, or a measured ρ ≥ 1, is replaced by the
    planner's choice (:mod:`nlevel.model.planner`) when that choice is predicted better.
+   A plan with fewer servers that the measurements accept (under C, every server under the
+   headroom, predicted no worse than the current one plus half a point) replaces the current
+   one too, when the switch itself (bounded by one service time per process) costs under half
+   a point of what remains: the start tree sized from the process count was a guess, and the
+   paper's rule is the shallowest plan that meets C.
    Every decision, with its inputs and reason, goes into the run report; then the master
    samples again every ``replan_interval`` seconds, so a job whose tasks change is re-planned.
 """
@@ -31,7 +36,7 @@ from typing import Any
 from ..config import Config
 from ..model.cost import Costs, Workload, predict
 from ..model.plan import Plan, parse_force
-from ..model.planner import choose_plan
+from ..model.planner import choose_plan, servers
 from ..model.queueing import fit_poisson, sampling_rule
 from ..stats import Summary
 
@@ -74,6 +79,7 @@ class AutoPlanner:
         self.next_window = 0.0
         self.decisions: list[dict[str, Any]] = [{"time": 0.0, "start": plan.to_dict(), "reason": plan.reason}]
         self.force = parse_force(config.force_replan)
+        self.committed = 0.0  # fraction of the tasks committed, as of the last tick
 
     @property
     def workers(self) -> int:
@@ -107,6 +113,7 @@ class AutoPlanner:
         ``master`` (the master's server) logs the time of every claim on its boards while a
         sampling window is open: those are the claims' arrivals.
         """
+        self.committed = committed_fraction
         if master is not None:
             if self.state == "sampling" and master.claim_log is None:
                 master.claim_log = []
@@ -190,9 +197,25 @@ class AutoPlanner:
         same = (decision.plan.levels, decision.plan.regions) == (self.plan.levels, self.plan.regions)
         trouble = current.overhead > c.threshold or not current.feasible or max(rho_cpu, rho_mem) >= 1
         better = chosen.overhead < current.overhead - 0.005 or (not current.feasible and chosen.feasible)
-        switch = not same and trouble and better
+        # A start tree sized from the process count was a guess made before anything was measured;
+        # once the measurements accept a plan with fewer servers (the paper's rule: the shallowest
+        # plan under C), go to it, even if the guess is also under C. The model does not see what
+        # a deeper tree costs at the end of a job (stock left in regions while other regions idle),
+        # so "predicted no worse" is judged with that margin in the shallower plan's favour.
+        # A switch is not free: every rank regroups, and its acknowledgement and first report pass a
+        # server (at most one service time per process). Only worth it when that is under half a
+        # point of what remains of the job (not for a 32,768-rank job of milliseconds or seconds).
+        remaining = (1.0 - self.committed) * self.total * mean / max(1, self.workers)
+        regroup = self.size * costs.service_time
+        shallower = (servers(chosen) < servers(current) and chosen.feasible and chosen.overhead <= c.threshold
+                     and chosen.overhead <= current.overhead + 0.005 and regroup <= 0.005 * remaining)
+        switch = not same and ((trouble and better) or shallower)
         if same:
             why = f"keep: {decision.reason}"
+        elif shallower and not (trouble and better):
+            why = (f"switch to fewer servers: the measurements accept {decision.plan.describe()} (predicted "
+                   f"{chosen.overhead:.2%} <= C, against {current.overhead:.2%} for the current plan); "
+                   f"{decision.reason}")
         elif not trouble:
             why = (f"keep the current plan (predicted {current.overhead:.2%} <= C, busiest rho {current.busiest:.2f}); "
                    f"the model would also accept {decision.plan.describe()}")

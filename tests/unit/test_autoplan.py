@@ -1,0 +1,51 @@
+"""The in-job planner's decision rule (:class:`nlevel.roles.autoplan.AutoPlanner`), driven by hand."""
+
+from __future__ import annotations
+
+from nlevel.config import Config
+from nlevel.model.plan import Plan
+from nlevel.roles.autoplan import AutoPlanner
+
+
+def _decide(procs: int, plan: Plan, task_s: float, service_s: float, msg_s: float) -> tuple[Plan | None, dict]:
+    """Feed the planner reports of ``task_s`` tasks at the rate ``procs`` ranks make them; return its first decision."""
+    cfg = Config(service_time=service_s, msg_time=msg_s)
+    ap = AutoPlanner(procs, cfg, plan, total=100 * procs)
+    now = task_s
+    for _ in range(8):
+        ap.on_tasks(128, 128 * task_s, 128 * task_s * task_s, task_s * 1.2, now)
+    assert ap.tick(now, 0.01) is None  # the sampling window opens
+    end = ap.next_check(now)
+    rate = 16 / 0.05  # one flush per region-master per batch age (16 x 16 tree: 16 at the master)
+    t = now
+    while t < end:
+        ap.on_message(t)
+        t += 1 / rate
+    ap.on_service(service_s)
+    return ap.tick(end, 0.02), ap.report()[-1]
+
+
+def test_a_start_tree_gives_way_to_the_shallower_plan_the_measurements_accept():
+    # 32,768 x 60-180 s with the paper's slow master: the start tree (16 x 16) is predicted
+    # under C, but so is classic, with 272 servers fewer: the paper's rule takes the shallower.
+    start = Plan(4, (16, 16), reason="start")
+    plan, rec = _decide(32768, start, 120.0, 0.5e-3, 50e-6)
+    assert plan is not None and rec["switch"], rec["reason"]
+    assert (plan.levels, plan.regions) in {(2, ()), (3, plan.regions)} and plan.levels < 4
+    assert rec["reason"].startswith("switch to fewer servers")
+
+
+def test_a_plan_the_model_would_not_shrink_is_kept():
+    # Millisecond tasks on the same tree: nothing shallower is acceptable at 32,768, or it is the same plan.
+    start = Plan(4, (16, 16), reason="start")
+    plan, rec = _decide(32768, start, 0.0035, 30e-6, 2e-6)
+    if plan is not None:
+        assert plan.levels >= 3  # (never classic: one master cannot take 32,768 ranks' millisecond claims)
+
+
+def test_no_switch_to_fewer_servers_when_the_regroup_costs_more_than_it_can_save():
+    # 32,768 x 2-5 s with the slow master: a regroup may cost 32,768 x 0.5 ms = 16 s, more than
+    # half a point of a job of ~350 s: the start tree stays unless it is in trouble.
+    start = Plan(4, (16, 16), reason="start")
+    plan, rec = _decide(32768, start, 3.5, 0.5e-3, 50e-6)
+    assert not rec["reason"].startswith("switch to fewer servers"), rec["reason"]
