@@ -65,11 +65,18 @@ class Region(Server):
         is what keeps some ranks busy while others idle (the paper's prefetch is one request).
         """
         s = self.sizing
+        stock = max(1, self.stock())
         leaf = self.owners.get(LEAF)
         waiting = leaf.waiting if leaf is not None else 0
-        chunk = self.leaf_chunk(max(1, self.stock()))
-        by_rate = math.ceil(self.rate[LEAF] * s.horizon * s.prefetch)
-        return max(1, chunk * waiting + by_rate)
+        need = self.leaf_chunk(stock) * waiting + math.ceil(self.rate[LEAF] * s.horizon * s.prefetch)
+        upper = self.owners.get(UPPER)
+        if upper is not None and self.live[UPPER]:
+            # Sub-regions claim blocks from the upper board: their demand is this region's too
+            # (counting only its own slaves, a middle region kept almost nothing and every
+            # sub-region's refill waited for the master).
+            weight = max(1, round(self.live_weight[UPPER] / self.live[UPPER]))
+            need += self.block(stock, weight) * upper.waiting + math.ceil(self.rate[UPPER] * s.horizon * s.prefetch)
+        return max(1, need)
 
     def refill(self, now: float) -> None:
         """Claim from the parent's upper board while the stock is under target (a few tickets at most)."""
