@@ -82,14 +82,27 @@ def _iso(t: float | None) -> str:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (another user's counts)."""
+    """Whether process ``pid`` runs on this host (another user's counts; a zombie does not).
+
+    A job killed as a whole leaves its ranks as zombies until someone reaps them, and in a
+    container whose init does not reap, that can be for ever: ``kill(pid, 0)`` still succeeds.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True  # another user's process: it exists
-    return True
+    return _pid_state(pid) not in ("Z", "X")
+
+
+def _pid_state(pid: int) -> str | None:
+    """The process's state letter from /proc (Linux; None where unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _pid_started(pid: int) -> int | None:

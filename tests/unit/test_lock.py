@@ -167,3 +167,23 @@ def test_status_reads_the_lock_as_written(tmp_path):
 
 def test_job_id_comes_from_the_batch_system():
     assert L.job_id({"SLURM_JOB_ID": "42"}) == "42" and L.job_id({}) is None
+
+
+def test_a_zombie_holder_is_not_alive():
+    """A job killed whole leaves its ranks as zombies until reaped: their lock is stale, not in use."""
+    import os
+    import subprocess
+    import time
+
+    from nlevel.runtime.lock import pid_alive
+
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # exited, not yet reaped: a zombie
+        with open(f"/proc/{child.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.01)
+    assert not pid_alive(child.pid)
+    child.wait()
+    assert pid_alive(os.getpid())
