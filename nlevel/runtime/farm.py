@@ -497,7 +497,8 @@ class FarmRuntime:
         if self.setup_deaths:  # (ranks of the user's communicator; the farm's own were renumbered after them)
             report["failures"] = self.setup_deaths + report["failures"]
             report["user_ranks"] = user_ranks(self.t.comm, self.user_comm)
-        recorded = {f["rank"] for f in report["failures"] if f.get("role") != "set-up"}
+        # (drained ranks leave by dying under ULFM: their records are left out of the failures)
+        recorded = {f["rank"] for f in totals["failures"]} | set(st.drained)
         first = build(self.size, st.plans[0])
         for r in sorted(set(st.failed) - recorded):
             # Its record was made by the rank that recovered from it, which died too (a master and
