@@ -499,8 +499,10 @@ class FarmRuntime:
             report["user_ranks"] = user_ranks(self.t.comm, self.user_comm)
         # (drained ranks leave by dying under ULFM: their records are left out of the failures)
         recorded = {f["rank"] for f in totals["failures"]} | set(st.drained)
-        first = build(self.size, st.plans[0])
-        for r in sorted(set(st.failed) - recorded):
+        lost = sorted(set(st.failed) - recorded)
+        first = build(self.size, st.plans[0]) if lost else None
+        for r in lost:
+            assert first is not None
             # Its record was made by the rank that recovered from it, which died too (a master and
             # its successor killed close together): the death is still told.
             report["failures"].append(FailureRecord(

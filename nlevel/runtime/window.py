@@ -239,21 +239,6 @@ class MessageBoards:
         """Nothing to free (kept for symmetry with :class:`WindowBoards`)."""
 
 
-def self_test(boards: WindowBoards, comm: Any, rank: int, size: int) -> str:
-    """Every rank adds 1 to rank 0's self-test word; rank 0 checks the sum (collective). Return a problem, or ""."""
-    problem = ""
-    try:
-        boards(0, 0).fetch_add(SELF_TEST, 1)
-    except MPI.Exception as exc:
-        problem = f"rank {rank}: fetch-and-add on rank 0's window failed: {exc.Get_error_string()}"
-    comm.Barrier()
-    if rank == 0 and not problem:
-        got = int(boards(0, 0).read(SELF_TEST, 1)[0])
-        if got != size:
-            problem = f"the window's self-test counted {got} atomic additions from {size} ranks"
-    return problem
-
-
 def now() -> float:
     """Seconds (monotonic), the clock the runtime gives the roles."""
     return time.perf_counter()
