@@ -151,14 +151,20 @@ class Closing(StationCore):
         self.endings[src] = msg
         return self.closing()
 
+    def all_ended(self) -> bool:
+        """The master: whether every live rank has ended, so the job can be released."""
+        if self.info.parent is not None or self.released is not None or not self.over:
+            return False
+        return all(c in self.endings for c in self._live_children())
+
     def ready(self) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
         """The master, once every live rank has ended: (every rank's row, the merged statistics); else None."""
-        if self.info.parent is not None or self.released is not None or not self.over:
-            return None
-        children = self._live_children()
-        if any(c not in self.endings for c in children):
-            return None
-        rows, stats = self._payload(children)
+        return self.end_payload() if self.all_ended() else None
+
+    def end_payload(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Every rank's row (by rank) and the merged statistics, from the Endings in (the master;
+        also after the release, which need not wait for the merge)."""
+        rows, stats = self._payload(self._live_children())
         return sorted(rows, key=lambda r: r["rank"]), stats
 
     def release(self, code: int, report: dict[str, Any] | None) -> list[Effect]:

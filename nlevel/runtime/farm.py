@@ -1,11 +1,12 @@
 """A farm's life on one rank: set-up and end (both collective), and the calls of the user's loop in between.
 
-Set-up (:meth:`FarmRuntime.__init__`) takes a handful of collectives: the private ``Dup``;
-one broadcast of what rank 0 decided (settings, plan, checkpoint state); one agreement
-that every rank can go on; the window of the boards (``Win.Allocate``) with its
-self-test; under fault tolerance, where every rank runs. No fixed sleep, no wait for a
-decision: under ``--levels auto`` the job starts on the first plan at once and the
-planner decides while it runs.
+Set-up (:meth:`FarmRuntime.__init__`) takes three collectives: the private ``Dup``; the
+window of the boards (``Win.Allocate``), on which every rank takes the self-test at once;
+one exchange (an allgather) that carries what rank 0 decided (settings, plan, checkpoint
+state), every rank's answers (its total, threads, window, self-test) and where every
+rank runs. Under fault tolerance a barrier and an agreement end it. No fixed sleep, no
+wait for a decision: under ``--levels auto`` the job starts on the first plan at once and
+the planner decides while it runs.
 
 The end (:meth:`FarmRuntime.end`) waits asleep until every rank is done (under ULFM: an
 agreement while still answering a new master's questions), then gathers a few numbers
@@ -39,7 +40,17 @@ from .transport import MpiError, Transport, agree, revoke, setup_recovery, shrin
 
 __all__ = ["FarmRuntime", "default_app", "identity"]
 
-_WINDOW, _SELF_TEST = 4, 8
+
+
+def _layout(config: Config | None) -> tuple[tuple[int, int], bool]:
+    """The window's layout under ``config`` (None: the environment's): the ring sizes of the leaf
+    and the upper board, and whether grants are two-sided (no window at all)."""
+    try:
+        cfg = config if config is not None else Config.from_env()
+    except NlevelError:
+        cfg = Config()  # (rank 0 tells every rank what is wrong with the settings)
+    n = cfg.board_slots
+    return (n, max(16, n // 8)), cfg.grants == "two-sided"
 
 
 def default_app() -> str:
@@ -104,6 +115,9 @@ class FarmRuntime:
         self.writer: ckpt.Writer | None = None
         self.lock: Any = None  # rank 0: the checkpoint's lock (nlevel.runtime.lock), held for the whole job
         self._decided: tuple[Any, ...] | None = None  # rank 0: what it decided (kept if set-up starts over)
+        self._early: tuple[Station, list[Any]] | None = None  # rank 0: its roles, stocked before the exchange
+        self._released_all = False  # the master released everyone ...
+        self._closing: BaseException | None = None  # ... and the checkpoint's error then, if any
         self.setup_deaths: list[dict[str, Any]] = []  # ranks (of the user's communicator) dead during set-up
         # Under ULFM a death inside the set-up collectives must not hang or fail the job: every
         # survivor revokes the set-up's communicator, they shrink, and set up again among
@@ -157,8 +171,13 @@ class FarmRuntime:
 
     # -- set-up ---------------------------------------------------------------------------
     def _setup(self, total: Any, checkpoint: Any, fingerprint: Any, fresh: bool, config: Config | None) -> None:
+        """The collective set-up after the ``Dup``: the window, then one exchange that tells every
+        rank what rank 0 decided and every rank's answers (two collectives in all)."""
         t = self.t
         failure: BaseException | None = None
+        # Every rank reads the window's layout from its own settings (rank 0's decision is not
+        # known yet); a rank whose settings differ is told after the exchange.
+        layout = _layout(config)
         if self.rank == 0:
             try:
                 if self._decided is None:
@@ -174,8 +193,32 @@ class FarmRuntime:
                 decided = ("error", NlevelError(f"rank 0 failed while setting up the farm: {exc!r}"))
         else:
             decided = ("", None)
-        status, value = t.bcast(decided)
+        slots, two_sided = layout
+        boards, seen, problem_here = (None, 0, "") if two_sided else window.allocate(t.comm, self.rank, slots)
+        self._early = None
+        if self.rank == 0 and self._decided is not None and decided[0] == "ok" and boards is not None \
+                and not problem_here:
+            # The master stocks its board before the exchange: its children's first claims, right
+            # after it, find ids instead of waiting for its roles to be built (they wait in the
+            # exchange meanwhile anyway). Used only if the exchange says the window is good.
+            cfg0, plan0, total0 = self._decided[0], self._decided[1], self._decided[4]
+            st = Station(build(self.size, plan0), 0, cfg0, clock, boards, total0, self._ledger, self.width)
+            self._early = (st, st.serve(full=True))
+        problem = _check_total(total)
+        mine = int(total) if problem is None else 0
+        # One collective answers the set-up's questions (rank 0's decision, bad totals, threads,
+        # the window and its self-test), tells every rank where the others run (a hung one is
+        # killed from its host, with or without ULFM), and orders every board's initialisation
+        # before anyone's first claim on it.
+        rows = t.share((int(problem is not None), int(not t.thread_multiple), mine,
+                        int(boards is None and not two_sided), seen, layout, decided if self.rank == 0 else None))
+        status, value = rows[0][6]
+        window_failed = any(r[3] for r in rows)
+        if problem_here:  # (said once the others answered: after a death, set-up starts over and this is moot)
+            sys.stderr.write(f"nlevel: {problem_here}\n")  # (this rank's own: it names the rank and the MPI error)
         if status == "error":
+            if boards is not None:
+                boards.close(collective=not window_failed)
             if failure is not None:
                 raise failure
             raise value
@@ -184,25 +227,15 @@ class FarmRuntime:
         self.config: Config = cfg
         self.checkpoint: str | None = path
         self.meta: ckpt.RunMeta | None = meta
-        problem = _check_total(total)
-        mine = int(total) if problem is None else total0
         self.total = total0
-        self.hierarchy: Hierarchy = build(self.size, plan)
-        info = self.hierarchy[self.rank]
-        needs_threads = bool(info.children) and info.computes
+        self.hierarchy: Hierarchy = self._early[0].hierarchy if self._early is not None else build(self.size, plan)
         t.poll_max = cfg.poll_max
-        slots = (cfg.board_slots, max(16, cfg.board_slots // 8))
-        boards, problem_here = (None, "") if cfg.grants == "two-sided" else window.allocate(t.comm, self.rank, slots)
-        # One collective answers the set-up's questions (bad totals, threads, the window), tells
-        # every rank where the others run (a hung one is killed from its host, with or without
-        # ULFM), and orders every board's initialisation before anyone's first operation on it.
-        rows = t.share((int(problem is not None), int(needs_threads and not t.thread_multiple), mine,
-                        int(bool(problem_here))))
-        bad, threads, window_failed = (any(r[k] for r in rows) for k in (0, 1, 3))
-        if problem_here:  # (said once the others answered: after a death, set-up starts over and this is moot)
-            sys.stderr.write(f"nlevel: {problem_here}\n")  # (this rank's own: it names the rank and the MPI error)
+        h = self.hierarchy
+        threads = [r for r, row in enumerate(rows) if row[1] and h[r].children and h[r].computes]
         hi, lo = max(r[2] for r in rows), min(r[2] for r in rows)
-        if bad or hi != lo or threads:
+        bad = any(r[0] for r in rows)
+        other = [(r, row[5]) for r, row in enumerate(rows) if row[5] != _layout(cfg)]
+        if bad or hi != lo or threads or other:
             if boards is not None:
                 boards.close(collective=not window_failed)  # (every rank saw the same rows: all leave alike)
             if bad:
@@ -210,10 +243,17 @@ class FarmRuntime:
             if hi != lo:
                 raise ConfigError(f"get_task_id/Farm called with different totals on different ranks (min {lo}, "
                                   f"max {hi}); every rank must pass the same total")
+            if other:
+                r, (theirs, two) = other[0]
+                raise ConfigError(f"the settings differ between ranks: board_slots {theirs[0]}, grants "
+                                  f"{'two-sided' if two else 'one-sided'} on rank {r}; board_slots {cfg.board_slots}, "
+                                  f"grants {cfg.grants} on rank 0; pass the same settings (config, NLEVEL_* "
+                                  f"variables) on every rank")
             raise ConfigError(
                 "this MPI does not provide MPI_THREAD_MULTIPLE, which a master or region-master that "
                 "also computes needs; use serve_only='all' (--serve-only all) or an MPI with thread support")
-        self.boards, self.grants_note = self._boards(cfg, boards, window_failed, slots)
+        self.boards, self.grants_note = self._boards(
+            cfg, boards, window_failed, "" if two_sided else window.self_test_problem([r[4] for r in rows]), slots)
         if cfg.ft:
             # Nobody runs a task before every rank is out of the set-up collectives: a task that
             # ends its process (os._exit) while a slower rank is still inside the window's
@@ -228,8 +268,14 @@ class FarmRuntime:
             t.enable_ft()  # from here on a dead rank is an event, not an error
         ledger = self._ledger if self.rank == 0 else None
         hosts = tuple(h for h, _ in t.places)
-        self.station = Station(self.hierarchy, self.rank, cfg, clock, self.boards, self.total, ledger, self.width,
-                               hosts=hosts)
+        early, self._early = self._early, None
+        if early is not None and early[0].boards is self.boards:
+            self.station = early[0]  # (stocked before the exchange)
+            self.station.hosts = hosts
+        else:
+            early = None
+            self.station = Station(self.hierarchy, self.rank, cfg, clock, self.boards, self.total, ledger, self.width,
+                                   hosts=hosts)
         self.port = MpiPort(t, cfg, path, meta, self.writer, self.width)
         self.port.lock, self.port.lock_token = self.lock, lock_token
         self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval,
@@ -250,8 +296,12 @@ class FarmRuntime:
             self.recorder.start()
         if self.grants_note and self.rank == 0:
             sys.stderr.write(f"nlevel: {self.grants_note}\n")
-        if self.station.server is not None:
-            self.loop.step()  # stock its boards now: its children's first claims must not wait for a thread
+        if early is not None:
+            self.loop.perform(early[1])  # (what stocking asked for: e.g. the final checkpoint of a finished job)
+        elif self.station.server is not None:
+            # Stock its boards now (its children's first claims must not wait for a thread); a
+            # tick, not a whole step: no message can be waiting yet, and an empty probe yields the core.
+            self.loop.tick()
         self.runner.start()
 
     def _abandon(self, *, release_lock: bool) -> None:
@@ -323,33 +373,16 @@ class FarmRuntime:
                              f"task; running what is not done\n")
         return config, plan, path, meta, total, token, costs_from
 
-    def _boards(self, cfg: Config, boards: window.WindowBoards | None, window_failed: bool,
+    def _boards(self, cfg: Config, boards: window.WindowBoards | None, window_failed: bool, self_test: str,
                 slots: tuple[int, int]) -> tuple[Any, str]:
-        """The boards: one-sided in the window (self-tested), or the two-sided fallback; and a note to print."""
+        """The boards: one-sided in the window (its self-test passed), or the two-sided fallback; and a note to print."""
         t = self.t
         if cfg.grants == "two-sided":
             return window.MessageBoards(t, self.rank, slots, cfg.poll_max, lambda: t.failed), \
                 "grants are two-sided (--grants two-sided): every claim is a message to the parent's server"
-        problem = ""
-        failed = _WINDOW if window_failed else 0
-        if not failed and boards is not None:
-            # Self-test: every rank adds 1 to rank 0's test word; the values they saw before their
-            # additions are 0 .. size-1 in some order when the atomics work.
-            seen = -1
-            try:
-                seen = boards(0, 0).fetch_add(window.SELF_TEST, 1)
-            except Exception as exc:  # noqa: BLE001 (an MPI error of any kind: fall back)
-                problem = f"rank {self.rank}: fetch-and-add on rank 0's window failed: {exc}"
-            bad, total = t.sum_ints([int(bool(problem)), seen])
-            if problem:
-                sys.stderr.write(f"nlevel: {problem}\n")  # (this rank's own)
-            elif not bad and total != self.size * (self.size - 1) // 2:
-                problem = (f"the window's self-test saw values summing to {total} from {self.size} atomic additions "
-                           f"(expected {self.size * (self.size - 1) // 2})")
-            failed = _SELF_TEST if bad or problem else 0
-        if not failed:
-            assert boards is not None
+        if not window_failed and not self_test and boards is not None:
             return boards, ""
+        problem = "" if window_failed else self_test
         if boards is not None:
             boards.close(collective=not window_failed)  # (a rank whose allocation failed has no window to free)
         return window.MessageBoards(t, self.rank, slots, cfg.poll_max, lambda: t.failed), \
@@ -409,14 +442,7 @@ class FarmRuntime:
         released = st.released
         assert released is not None
         self.failed = tuple(released.failed)
-        error: BaseException | None = self.port.checkpoint_error
-        if self.report is not None and "checkpoint_error" in self.report and error is None:
-            error = ckpt.CheckpointError(self.report["checkpoint_error"])
-        if self.recorder is not None:
-            self.recorder.close(finished=True, complete=bool(self.report and self.report.get("complete")))
         signals.quiet()  # the job is over here: a late SIGUSR1 must not kill the process while it ends
-        if self.port.lock is not None:
-            self.port.lock.release()
         if t.ft or self.failed:
             # No collective from here: a rank that exited unseen (or one given up, stuck in its
             # task) would hang it. Every process ends with os._exit (MPI_Finalize may hang after
@@ -426,12 +452,27 @@ class FarmRuntime:
             self.boards.close(collective=False)
         else:
             t.flush()
-            t.idle_barrier(runner.step)  # every rank has its release: nothing is in flight any more
+            if self.boards.kind == "two-sided":
+                t.idle_barrier(runner.step)  # (a server answers board operations until the last child is out)
+            # One-sided, nothing is in flight to a released rank (every rank's Ending was its
+            # last message, the master's Release its last), and freeing the window is collective.
             self.boards.close(collective=True)
             t.close()
             if released.code:  # (a script's process too ends with the job's status: failed ids, a stop)
                 self.exit_code = int(released.code)
         self.released_code = int(released.code)
+        error: BaseException | None = self.port.checkpoint_error
+        if self._released_all:  # the master: the report, once every rank is free to go
+            error = self._closing
+            rows, totals = st.end_payload()
+            assert st.ledger is not None
+            self.report = self._report(rows, totals, st.ledger)
+            if error is not None:
+                self.report["checkpoint_error"] = str(error)
+        if self.recorder is not None:
+            self.recorder.close(finished=True, complete=bool(self.report and self.report.get("complete")))
+        if self.port.lock is not None:
+            self.port.lock.release()
         if error is not None:
             raise error if isinstance(error, NlevelError) else ckpt.CheckpointError(str(error))
 
@@ -449,18 +490,18 @@ class FarmRuntime:
             runner.raise_error()
             with runner.lock:
                 n = loop.step()
-                ready = st.ready() if st.is_master else None
-                if ready is not None:
-                    self._release(*ready)
+                if st.is_master and st.all_ended():
+                    self._release()
             if n:
                 backoff.reset()
             else:
                 backoff.wait()
 
-    def _release(self, rows: list[dict[str, Any]], totals: dict[str, Any]) -> None:
-        """The master: the last checkpoint, the failed ids told, everyone released, then the report.
+    def _release(self) -> None:
+        """The master: the last checkpoint, the failed ids told, everyone released.
 
-        (The report is built after the release: every other rank waits for the release, none for the report.)
+        (The statistics are merged and the report built after the end's collectives: every other
+        rank waits for the release, none for the report.)
         """
         st, ledger = self.station, self.station.ledger
         assert ledger is not None
@@ -481,10 +522,7 @@ class FarmRuntime:
         else:
             code = 1
         self.loop.perform(st.release(code, {"complete": complete, "failed": failed}))
-        report = self._report(rows, totals, ledger)
-        if error is not None:
-            report["checkpoint_error"] = str(error)
-        self.report = report
+        self._released_all, self._closing = True, error
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
         st = self.station

@@ -142,9 +142,9 @@ class Transport:
         self.places: list[tuple[str, int]] = []  # (host, pid) of every rank, under fault tolerance
 
     # -- fault tolerance ----------------------------------------------------------------
-    def share(self, values: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """Every rank's ``values``, by rank (collective); every rank's host and pid are learnt on the way
-        (:attr:`places`: to kill a hung rank from its host)."""
+    def share(self, values: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Every rank's ``values`` (picklable), by rank (collective); every rank's host and pid are learnt
+        on the way (:attr:`places`: to kill a hung rank from its host)."""
         rows = self.comm.allgather((values, host(), os.getpid()))
         self.places = [(h, pid) for _, h, pid in rows]
         return [v for v, _, _ in rows]
@@ -324,45 +324,6 @@ class Transport:
     def agree(self, flag: bool = True) -> bool:
         """Fault-tolerant agreement: the AND of ``flag`` over the live ranks (ULFM)."""
         return bool(self.comm.Agree(int(flag)))
-
-    def allreduce_max(self, value: int) -> int:
-        """Return the largest ``value`` over all ranks."""
-        return int(self.comm.allreduce(value, op=MPI.MAX))
-
-    # -- collectives (setup and teardown only) ------------------------------------------
-    def bcast(self, obj: Any, root: int = 0) -> Any:
-        """Broadcast a picklable object from ``root``."""
-        return self.comm.bcast(obj, root)
-
-    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
-        """Gather picklable objects to ``root`` (None elsewhere)."""
-        return self.comm.gather(obj, root)
-
-    def reduce(self, obj: Any, op: Any, root: int = 0) -> Any:
-        """Combine picklable objects with ``op(a, b)`` up a tree to ``root`` (None elsewhere)."""
-        return self.comm.reduce(obj, op=op, root=root)
-
-    def allreduce_minmax(self, value: int) -> tuple[int, int]:
-        """Return (min, max) of an int over all ranks."""
-        lo = self.comm.allreduce(value, op=MPI.MIN)
-        hi = self.comm.allreduce(value, op=MPI.MAX)
-        return lo, hi
-
-    def any(self, flag: bool) -> bool:
-        """Return whether ``flag`` is true on any rank."""
-        return bool(self.comm.allreduce(bool(flag), op=MPI.LOR))
-
-    def sum_ints(self, values: list[int]) -> list[int]:
-        """The elementwise sum of ``values`` over all ranks."""
-        return self._ints(values, MPI.SUM)
-
-    def _ints(self, values: list[int], op: Any) -> list[int]:
-        import numpy as np
-
-        buf = np.array(values, np.int64)
-        out = np.empty_like(buf)
-        self.comm.Allreduce(buf, out, op=op)
-        return [int(v) for v in out]
 
     def close(self) -> None:
         """Complete pending sends and free the private communicator (after failures: neither can be trusted)."""

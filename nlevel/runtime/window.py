@@ -26,7 +26,7 @@ from ..roles.board import EMPTY, HEADER, LocalMemory, words
 from ..roles.messages import BoardOp, BoardReply, Tag, decode
 from .backoff import Backoff
 
-__all__ = ["WindowBoards", "LocalBoards", "MessageBoards", "allocate", "SELF_TEST"]
+__all__ = ["WindowBoards", "LocalBoards", "MessageBoards", "allocate", "self_test_problem", "SELF_TEST"]
 
 #: The reserved word of each board that the set-up self-test counts on.
 SELF_TEST = 2
@@ -118,28 +118,53 @@ class WindowBoards:
             pass  # (after failures the window cannot be trusted; the process ends with os._exit)
 
 
-def allocate(comm: Any, rank: int, slots: tuple[int, int]) -> tuple[WindowBoards | None, str]:
-    """Allocate the farm's window and initialise this rank's boards (collective over ``comm``).
+def allocate(comm: Any, rank: int, slots: tuple[int, int]) -> tuple[WindowBoards | None, int, str]:
+    """Allocate the farm's window, initialise this rank's boards and take the self-test (collective over ``comm``).
 
-    Returns the boards, or None and the reason (naming this rank and the MPI error) when
-    the allocation failed here. The caller agrees with the other ranks and self-tests.
+    The self-test: this rank adds 1 to rank 0's :data:`SELF_TEST` word (which no rank
+    initialises, so no ordering with rank 0 is needed) and keeps the value it saw. When the
+    atomics work, the values the ranks saw are ``size`` consecutive integers in some order
+    (:func:`self_test_problem` checks them once every rank's value is known).
+
+    Returns:
+        The boards, the value seen (-1 when the test's operation failed), and "" or the
+        reason (naming this rank and the MPI error) when the allocation or the operations
+        failed here. The caller tells the other ranks and agrees.
     """
     n = words(slots[0]) + words(slots[1])
     try:
         win = MPI.Win.Allocate(8 * n, 8, MPI.INFO_NULL, comm)
     except MPI.Exception as exc:
-        return None, f"rank {rank}: MPI_Win_allocate of {8 * n} bytes failed: {exc.Get_error_string()}"
+        return None, -1, f"rank {rank}: MPI_Win_allocate of {8 * n} bytes failed: {exc.Get_error_string()}"
     try:
         win.Set_errhandler(MPI.ERRORS_RETURN)
         win.Lock_all()
         init = np.full(n, EMPTY, np.int64)
         for base in (0, words(slots[0])):
             init[base : base + HEADER] = 0
-        win.Accumulate(init, rank, (0, n, MPI.INT64_T), MPI.REPLACE)
+        # Everything but the leaf board's self-test word (the others may be adding to rank 0's already).
+        win.Accumulate(init[:SELF_TEST], rank, (0, SELF_TEST, MPI.INT64_T), MPI.REPLACE)
+        win.Accumulate(init[SELF_TEST + 1 :], rank, (SELF_TEST + 1, n - SELF_TEST - 1, MPI.INT64_T), MPI.REPLACE)
         win.Flush(rank)
     except MPI.Exception as exc:
-        return None, f"rank {rank}: one-sided operations on the window failed: {exc.Get_error_string()}"
-    return WindowBoards(win, slots), ""
+        return None, -1, f"rank {rank}: one-sided operations on the window failed: {exc.Get_error_string()}"
+    boards = WindowBoards(win, slots)
+    try:
+        seen = boards(0, 0).fetch_add(SELF_TEST, 1)
+    except Exception as exc:  # noqa: BLE001 (an MPI error of any kind: the farm falls back to messages)
+        return boards, -1, f"rank {rank}: fetch-and-add on rank 0's window failed: {exc}"
+    return boards, seen, ""
+
+
+def self_test_problem(seen: list[int]) -> str:
+    """Why the self-test failed ("" when it passed): ``seen[r]`` is what rank ``r``'s addition saw."""
+    if any(v < 0 for v in seen):
+        return "see the message above"
+    lo = min(seen)
+    if sorted(seen) != list(range(lo, lo + len(seen))):
+        return (f"the window's self-test saw {sorted(seen)[:16]} from {len(seen)} atomic additions "
+                f"(expected {len(seen)} consecutive values)")
+    return ""
 
 
 class LocalBoards:

@@ -22,7 +22,7 @@ def add_arguments(parser):
     parser.add_argument("--poison", action="store_true")
     parser.add_argument("--die-rank", type=int, default=-1, help="instead: rank R dies at its --die-after-th task")
     parser.add_argument("--die-after", type=int, default=10)
-    parser.add_argument("--die-in-setup", choices=["options", "dup", "bcast", "window", "places"], default=None,
+    parser.add_argument("--die-in-setup", choices=["options", "dup", "window", "places"], default=None,
                         help="instead: rank --die-rank is SIGKILLed when the farm's set-up reaches this call")
 
 
@@ -52,8 +52,6 @@ def _die_in_setup(step, rank):
         die()
     elif step == "dup":
         farm.Transport = die
-    elif step == "bcast":
-        transport.Transport.bcast = die
     elif step == "window":
         window.allocate = die
     else:

@@ -243,3 +243,62 @@ def test_auto_plan_and_forced_switches_run_every_id_once(force, mpi_tmp_path):
         _, snap, _ = ckpt.read(path)
         ok = ok and snap.n_completed == 1500
     assert everywhere(ok)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("levels", [2, 3])
+def test_two_sided_grants_run_every_id_once(levels, capfd):
+    """--grants two-sided: no window at all; every claim is a message, and the job says so once."""
+    if levels == 3 and comm.size < 4:
+        pytest.skip("3 levels need 4 processes")
+    mine = list(Farm(700, config=Config(levels=levels, grants="two-sided")))
+    err = capfd.readouterr().err
+    said = err.count("grants are two-sided (--grants two-sided)") == (1 if comm.rank == 0 else 0)
+    assert everywhere(exactly_once(mine, set(range(700))) and said)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["error", "not atomic"])
+def test_a_failed_window_self_test_falls_back_to_two_sided_grants(how, monkeypatch, capfd):
+    """Set-up: one rank's fetch-and-add fails (or sees a value atomics cannot give): every rank
+    falls back to messages, the job runs every id once, and rank 0 says why in one line."""
+    from nlevel.runtime import window
+
+    if how == "not atomic" and comm.size < 2:
+        pytest.skip("one rank's value is always consistent")
+    real = window.allocate
+    last = comm.size - 1
+
+    def broken(c, rank, slots):
+        boards, seen, problem = real(c, rank, slots)
+        if rank == last:
+            if how == "error":
+                return boards, -1, f"rank {rank}: fetch-and-add on rank 0's window failed: (simulated)"
+            return boards, seen + c.Get_size(), problem  # (a value no series of atomic additions gives)
+        return boards, seen, problem
+
+    monkeypatch.setattr(window, "allocate", broken)
+    mine = list(Farm(300))
+    err = capfd.readouterr().err
+    note = "one-sided operations do not work here"
+    said = err.count(note) == (1 if comm.rank == 0 else 0)
+    if how == "error" and comm.rank == last:
+        said = said and f"nlevel: rank {last}: fetch-and-add on rank 0's window failed: (simulated)" in err
+    if how == "not atomic" and comm.rank == 0:
+        said = said and "the window's self-test saw" in err and f"from {comm.size} atomic additions" in err
+    assert everywhere(exactly_once(mine, set(range(300))) and said)
+    monkeypatch.setattr(window, "allocate", real)
+    again = list(Farm(50))  # (nothing left behind: the next farm is one-sided again)
+    assert everywhere(exactly_once(again, set(range(50))) and note not in capfd.readouterr().err)
+
+
+@pytest.mark.timeout(120)
+def test_settings_that_differ_between_ranks_fail_on_every_rank_naming_one():
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    slots = 4096 if comm.rank != 1 else 2048
+    with pytest.raises(ConfigError, match=r"the settings differ between ranks: board_slots 2048, grants one-sided on "
+                                          r"rank 1; board_slots 4096, grants one-sided on rank 0"):
+        Farm(10, config=Config(board_slots=slots))
+    mine = list(Farm(9))  # (nothing left behind: the next farm works)
+    assert everywhere(exactly_once(mine, set(range(9))))
