@@ -8,7 +8,7 @@ Layout of one board (``K`` slots)::
 
     word 0      HEAD   tickets handed out (low 40 bits; a claimer fetch-and-adds it) and
                        the board's epoch (the bits above: the plan it serves)
-    word 1      TAIL   tickets published so far, with the FINAL and CLOSED flags
+    word 1      TAIL   tickets published so far, with the FINAL, CLOSED and DRAINED flags
     word 2..3   (reserved)
     word 4..    the ring: slot ``t % K`` holds ticket ``t``
 
@@ -37,6 +37,11 @@ the rank that claimed it. The protocol:
 * **Final / closed.** FINAL in TAIL: nothing will ever be published again (a claimer
   whose slot is EMPTY is done). CLOSED: this board is being retired (the plan changed);
   a claimer looks for its new parent.
+* **Drained.** DRAINED in TAIL (the master's boards): everything is published and the
+  rest is out running; ids come back only after a failure or a leaver, FINAL comes when
+  the last completion is in. A claimer that finds its slot EMPTY learns it (``"drained"``):
+  a leaf may then send its part of the end early (:mod:`nlevel.roles.ending`). Unlike
+  the other two flags it goes down again (ids came back).
 
 A range is packed as ``start << LEN_BITS | length`` (ids below 2**42, up to 2**20 - 1 ids
 per slot); EMPTY is -1 and the marker of rank ``r`` is ``-2 - r``: every packed range is
@@ -51,7 +56,7 @@ from typing import Protocol
 import numpy as np
 
 __all__ = [
-    "HEAD", "TAIL", "HEADER", "FINAL", "CLOSED", "EMPTY", "LEN_BITS", "MAX_ID", "MAX_LEN", "TICKET_BITS",
+    "HEAD", "TAIL", "HEADER", "FINAL", "CLOSED", "DRAINED", "EMPTY", "LEN_BITS", "MAX_ID", "MAX_LEN", "TICKET_BITS",
     "marker", "pack", "unpack", "words",
     "Memory", "LocalMemory", "Claim", "Claimer", "Owner",
 ]
@@ -61,7 +66,9 @@ TAIL = 1
 HEADER = 4  # words before the ring
 FINAL = 1 << 62
 CLOSED = 1 << 61
-_FLAGS = FINAL | CLOSED
+DRAINED = 1 << 60
+_ENDS = FINAL | CLOSED
+_FLAGS = FINAL | CLOSED | DRAINED
 EMPTY = -1
 LEN_BITS = 20
 MAX_LEN = (1 << LEN_BITS) - 1
@@ -160,6 +167,7 @@ class Claim:
         start, stop: The ids ``[start, stop)`` (empty when ``start == stop``).
         status: ``"ids"``; ``"lost"`` (the ticket yielded nothing: claim again);
             ``"wait"`` (nothing published for the ticket yet: take it again later);
+            ``"drained"`` (the same, on a board whose owner has published everything);
             ``"final"`` (nothing will ever come from this board); ``"closed"`` (this board
             is retired: the claimer's parent changed); ``"stale"`` (the board serves
             another epoch than the claimer's).
@@ -171,6 +179,7 @@ class Claim:
 
 
 _WAIT = Claim(0, 0, "wait")
+_DRAINED = Claim(0, 0, "drained")
 _LOST = Claim(0, 0, "lost")
 _FINAL = Claim(0, 0, "final")
 _CLOSED = Claim(0, 0, "closed")
@@ -213,14 +222,16 @@ class Claimer:
         value = mem.get(index)
         if value == EMPTY:
             tail = mem.get(TAIL)
-            if tail & _FLAGS and mem.get(HEAD) >> TICKET_BITS != self.epoch:
+            if tail & _ENDS and mem.get(HEAD) >> TICKET_BITS != self.epoch:
                 self.ticket = -1  # the flag is a newer epoch's: this claimer has not switched yet
                 self.lost += 1
                 return _STALE
             if tail & CLOSED:
                 return _CLOSED
             if (tail & ~_FLAGS) <= t:
-                return _FINAL if tail & FINAL else _WAIT  # (ticket kept for the next try)
+                if tail & FINAL:
+                    return _FINAL
+                return _DRAINED if tail & DRAINED else _WAIT  # (ticket kept for the next try)
             value = mem.get(index)  # published just after the first read?
             if value == EMPTY:
                 self.ticket = -1  # taken back by the owner: claim anew
@@ -363,6 +374,18 @@ class Owner:
         """Raise FINAL and/or CLOSED (they never go down)."""
         self.flags |= flags
         mem.put(TAIL, self.tail | self.flags)
+
+    @property
+    def ended(self) -> bool:
+        """Whether FINAL or CLOSED is up: nothing more is published here."""
+        return bool(self.flags & _ENDS)
+
+    def set_drained(self, mem: Memory, drained: bool) -> None:
+        """Raise or lower DRAINED (see the module docstring)."""
+        flags = self.flags | DRAINED if drained else self.flags & ~DRAINED
+        if flags != self.flags:
+            self.flags = flags
+            mem.put(TAIL, self.tail | flags)
 
     # -- attributing ----------------------------------------------------------------
     def scan(self, mem: Memory, now: float, full: bool = False) -> None:

@@ -9,6 +9,11 @@ and fail when one dies during them):
   from each live child, and sends its parent one Ending holding its own row and statistics
   merged with its children's. A rank whose parent changed (a death) sends it again to the
   new parent; a later Ending from the same rank replaces the earlier.
+* A leaf sends its Ending *early*, while the last tasks still run elsewhere, once the
+  master's board said everything is out (``"drained"``) and it holds and owes nothing: so
+  the end does not wait for every leaf to learn of FINAL and answer. A parent drops a
+  child's Ending when a report from it follows (it ran ids that came back after a
+  failure): the child sends a new one when it is idle again.
 * A child that does not send its Ending within a lease after its parent is over is hung:
   killed, then handled like any death (the job does not wait for it).
 * The master, once every live child's Ending is in, has every surviving rank's row and
@@ -29,6 +34,7 @@ from .events import Effect, Kill, Send
 from .messages import Ending, Release
 from .recovery import deputy
 from .region import Region
+from .worker import State
 
 __all__ = ["Closing", "merge_stats", "own_stats"]
 
@@ -112,8 +118,10 @@ class Closing(StationCore):
 
     def closing(self) -> list[Effect]:
         """On each tick: send this rank's Ending up once its subtree is over; kill children that never end."""
-        if self.released is not None or not self.over:
+        if self.released is not None:
             return []
+        if not self.over:
+            return self._early_ending()
         now = self.clock()
         if self.over_since is None:
             self.over_since = now
@@ -124,12 +132,27 @@ class Closing(StationCore):
         parent = self.info.parent
         if parent is None:
             return []  # the master: ready (see ready()); the runtime writes the report and releases
-        key = (parent, tuple((c, id(self.endings[c])) for c in children), len(self.failures))
+        return self._send_ending(parent, children)
+
+    def _send_ending(self, parent: int, children: list[int]) -> list[Effect]:
+        w = self.worker
+        key = (parent, tuple((c, id(self.endings[c])) for c in children), len(self.failures),
+               w.reports if w is not None else 0)
         if key == self.end_key:
             return []
         self.end_key = key
         rows, stats = self._payload(children)
         return [Send(parent, Ending(rows, stats))]
+
+    def _early_ending(self) -> list[Effect]:
+        """A leaf idle on a drained board, holding and owing nothing: its Ending now (see the module docstring)."""
+        w = self.worker
+        parent = self.info.parent
+        if (w is None or not w.drained or w.state is not State.WAIT or self.server is not None or parent is None
+                or w.parent != parent or w.hand is not None or w.queue or w.done or w.failed or w.tasks
+                or w.results or self.abandoned or self.draining or self.drain_requested or self.loading):
+            return []
+        return self._send_ending(parent, [])
 
     def _end_lease(self, missing: list[int], now: float) -> list[Effect]:
         """A child that has not ended a lease after this rank did is hung (nothing it holds: the job is over)."""

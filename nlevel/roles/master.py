@@ -28,6 +28,8 @@ class Master(Server):
         mirror: Keep a copy of each commit for the deputy.
     """
 
+    drains = True
+
     def __init__(self, hierarchy: Hierarchy, rank: int, weights: dict[int, int], clock: Callable[[], float],
                  boards: Boards, sizing: Sizing, ledger: Ledger, retries: int = 0, mirror: bool = False,
                  epoch: int = 0) -> None:

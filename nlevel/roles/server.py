@@ -106,6 +106,9 @@ class Server:
         epoch: The plan epoch the boards serve.
     """
 
+    #: Whether an empty queue means the whole job's ids are out (DRAINED on the boards): the master's.
+    drains = False
+
     def __init__(self, hierarchy: Hierarchy, rank: int, weights: dict[int, int], clock: Callable[[], float],
                  boards: Boards, sizing: Sizing, epoch: int = 0) -> None:
         self.rank = rank
@@ -354,12 +357,16 @@ class Server:
         """
         self._rebalance(now)
         queue = self.queue
+        if self.drains:
+            for kind, o in self.owners.items():
+                if not o.ended:
+                    o.set_drained(self.boards(self.rank, kind), not queue)
         if not queue:
             return
         available = self.gss_pool()
         for kind in (LEAF, UPPER):
             owner = self.owners.get(kind)
-            if owner is None or owner.flags or not queue:
+            if owner is None or owner.ended or not queue:
                 continue
             claimers = self.live[kind]
             if not claimers:
@@ -387,7 +394,7 @@ class Server:
         live = {k: self.live[k] > 0 for k in owners}
         starving = not self.queue and any(o.waiting for k, o in owners.items() if live[k])
         for kind, owner in owners.items():
-            if owner.flags or not owner.unclaimed_slots:
+            if owner.ended or not owner.unclaimed_slots:
                 continue
             if not live[kind] or (starving and not owner.waiting):
                 owner.take_back_unclaimed(self.boards(self.rank, kind))

@@ -85,9 +85,10 @@ class Station(Replanning, Closing, Watching):
 
     @property
     def ended(self) -> bool:
-        """Whether this rank's user loop is over (no id will come, or it left)."""
+        """Whether this rank's user loop is over (no id will come, it left, or the master released it:
+        a leaf that sent its Ending early may be released before it reads FINAL)."""
         w = self.worker
-        return w is None or w.state in (State.END, State.LEFT)
+        return w is None or w.state in (State.END, State.LEFT) or self.released is not None
 
     # -- messages ---------------------------------------------------------------------------
     def receive(self, src: int, msg: Message) -> list[Effect]:
@@ -106,6 +107,8 @@ class Station(Replanning, Closing, Watching):
             return self.on_heartbeat()
         if isinstance(msg, Ending):
             return self.on_ending(src, msg)
+        if isinstance(msg, Report):
+            self.endings.pop(src, None)  # (an early Ending no longer holds: the child sends another)
         if isinstance(msg, Release):
             return self.on_release(msg)
         if isinstance(msg, BoardOp):

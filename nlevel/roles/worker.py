@@ -74,6 +74,8 @@ class Worker:
         self.busy_sq = 0.0
         self.claims: RequestTimes | None = RequestTimes()  # (None: not measured, e.g. in the simulator)
         self.wait_started: float | None = None  # since when the user's loop has been waiting for ids
+        self.drained = False  # the parent's board said everything is out (its last claim: "drained")
+        self.reports = 0  # reports sent up so far
 
     # -- the user's loop ------------------------------------------------------------------
     def ran(self, done: Ranges, results: tuple[tuple[int, Result], ...], failed: tuple[TaskFailure, ...],
@@ -139,8 +141,9 @@ class Worker:
         elif status == "final":
             self.state = State.END
             self.wait_started = None
-        elif status != "lost":  # "wait", "closed", "stale": try again after the next look at messages
+        elif status != "lost":  # "wait", "drained", "closed", "stale": try again after the next look at messages
             self.state = State.WAIT
+        self.drained = status == "drained"
         return claim
 
     def leave(self, unstarted: Ranges, now: float) -> Report:
@@ -175,6 +178,7 @@ class Worker:
         self.tasks = 0
         self.busy = 0.0
         self.busy_sq = 0.0
+        self.reports += 1
         return report
 
     def holding(self) -> RangeSet:
@@ -191,6 +195,7 @@ class Worker:
         """Claim from ``parent``'s board in ``epoch`` from now on (a plan change, or the old parent died)."""
         c = self.claimer
         if parent != self.parent or c.slots != slots or c.epoch != epoch:
+            self.drained = False
             self.parent = parent
             self.claimer = Claimer(self.rank, slots, epoch)  # (a ticket on the old board is given up)
         if self.state is State.WAIT:

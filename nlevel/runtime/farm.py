@@ -276,11 +276,15 @@ class FarmRuntime:
             early = None
             self.station = Station(self.hierarchy, self.rank, cfg, clock, self.boards, self.total, ledger, self.width,
                                    hosts=hosts)
+        self.station.extra_stats = {"hosts": machine.here()}  # (in this rank's Ending, which may go early)
+        self.station.merge = merge_stats
         self.port = MpiPort(t, cfg, path, meta, self.writer, self.width)
         self.port.lock, self.port.lock_token = self.lock, lock_token
         self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval,
                          timer=time.perf_counter)
         self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided")
+        if self.rank == 0 or cfg.ft:  # (the master, or a rank that may become master)
+            self.runner.after_step = self._release_when_ended
         self.progress: Any = None
         self.recorder: Any = None
         if self.rank == 0 and cfg.progress:
@@ -483,19 +487,22 @@ class FarmRuntime:
         the report, then releases everyone; a rank that becomes master meanwhile does it.
         """
         runner, st, loop = self.runner, self.station, self.loop
-        st.extra_stats = {"hosts": machine.here()}
-        st.merge = merge_stats
         backoff = Backoff(self.config.poll_max)  # (the end is on every rank's critical path: a short job waits for it)
         while st.released is None:
             runner.raise_error()
             with runner.lock:
                 n = loop.step()
-                if st.is_master and st.all_ended():
-                    self._release()
+                self._release_when_ended()
             if n:
                 backoff.reset()
             else:
                 backoff.wait()
+
+    def _release_when_ended(self) -> None:
+        """The master, under the runner's lock: release everyone once every live rank has ended."""
+        st = self.station
+        if st.is_master and st.all_ended():
+            self._release()
 
     def _release(self) -> None:
         """The master: the last checkpoint, the failed ids told, everyone released.

@@ -176,6 +176,10 @@ class MpiPort:
         return signals.requested()
 
 
+def _nothing() -> None:
+    pass
+
+
 class Runner:
     """Runs one rank's loop: in a server thread, in the main thread, or while the user's loop waits.
 
@@ -200,6 +204,9 @@ class Runner:
         self._handoff = False  # the main thread takes over the serving: the thread returns at once
         self._old_switch = sys.getswitchinterval()
         self._last_tick = 0.0
+        #: Called after each step of a serving loop, under the lock (the master: release everyone
+        #: as soon as the last rank has ended, without waiting for its own user loop to notice).
+        self.after_step: Callable[[], None] = _nothing
 
     # -- the server's side ------------------------------------------------------------------
     def start(self) -> None:
@@ -225,12 +232,16 @@ class Runner:
         while not self._stop.is_set():
             with self.lock:
                 n = loop.step()
+                self.after_step()
                 busy = n > 0 or self._demand()
-                if (st.done_serving and st.ended) or (until is not None and until()):
+                # The master whose own loop is over waits for the last Endings here, promptly: its
+                # release (after_step) is every rank's end.
+                ending = st.is_master and st.done_serving and st.ended and st.released is None
+                if (st.done_serving and st.ended and not ending) or (until is not None and until()):
                     return
-                if (st.done_serving or self._handoff) and self._thread is threading.current_thread():
+                if (st.done_serving and not ending or self._handoff) and self._thread is threading.current_thread():
                     return  # (the main thread finishes the rank's own loop, or serves on itself)
-            period = base if busy else min(period * 2, self.period_max)
+            period = base if busy else min(period * 2, self.config.poll_max if ending else self.period_max)
             if self._wake.wait(period):
                 self._wake.clear()
 

@@ -52,6 +52,11 @@ def check(out, total, quarantine=3):
     for st in out.stations:
         if st.rank not in out.dead and st.rank not in out.retired:
             assert st.released is not None, f"rank {st.rank} was never released by the master"
+    if out.report is not None:  # every surviving rank's row counts what it ran (an Ending sent early still held)
+        rows = {row["rank"]: row for row in out.report["rows"]}
+        for r, u in out.users.items():
+            if r in rows and r not in out.dead:
+                assert rows[r]["tasks"] == u.ran, f"rank {r}: its row says {rows[r]['tasks']} tasks, it ran {u.ran}"
     ids = led.result_ids.tolist()
     assert len(ids) == len(set(ids))
     assert sorted(ids) == [i for i in range(total) if i % 3 == 0 and i not in quarantined]
