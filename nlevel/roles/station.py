@@ -219,7 +219,10 @@ class Station(Replanning, Closing, Watching):
             w.state = State.WAIT  # every claim lost its race: nothing to run until the next look
         if own and self.ft and self.hand is not None:
             outs += self.mirror_out()  # the deputy learns what the master runs (its death counts toward quarantine)
-        return outs + self.worker_report()
+        outs += self.worker_report()
+        if w.drained and self.hand is None:
+            outs += self._early_ending()  # (right behind its last report: the end need not wait for its next look)
+        return outs
 
     def leave(self, unstarted: tuple[tuple[int, int], ...]) -> list[Effect]:
         """The user's loop left early: its ids go back to its parent."""

@@ -126,7 +126,7 @@ class FarmRuntime:
         base = self.user_comm
         while True:
             try:
-                t = self.t = Transport(base)
+                t = self.t = Transport(base, overlap=not recover)
             except MpiError:
                 if not recover:
                     raise
@@ -194,7 +194,7 @@ class FarmRuntime:
         else:
             decided = ("", None)
         slots, two_sided = layout
-        boards, seen, problem_here = (None, 0, "") if two_sided else window.allocate(t.comm, self.rank, slots)
+        boards, seen, problem_here = (None, 0, "") if two_sided else window.allocate(t.setup_comm, self.rank, slots)
         self._early = None
         if self.rank == 0 and self._decided is not None and decided[0] == "ok" and boards is not None \
                 and not problem_here:
@@ -212,6 +212,7 @@ class FarmRuntime:
         # before anyone's first claim on it.
         rows = t.share((int(problem is not None), int(not t.thread_multiple), mine,
                         int(boards is None and not two_sided), seen, layout, decided if self.rank == 0 else None))
+        t.dup_done()  # (the private communicator's duplication overlapped the window and the exchange)
         status, value = rows[0][6]
         window_failed = any(r[3] for r in rows)
         if problem_here:  # (said once the others answered: after a death, set-up starts over and this is moot)
@@ -234,7 +235,8 @@ class FarmRuntime:
         threads = [r for r, row in enumerate(rows) if row[1] and h[r].children and h[r].computes]
         hi, lo = max(r[2] for r in rows), min(r[2] for r in rows)
         bad = any(r[0] for r in rows)
-        other = [(r, row[5]) for r, row in enumerate(rows) if row[5] != _layout(cfg)]
+        expected = _layout(cfg)
+        other = [(r, row[5]) for r, row in enumerate(rows) if row[5] != expected]
         if bad or hi != lo or threads or other:
             if boards is not None:
                 boards.close(collective=not window_failed)  # (every rank saw the same rows: all leave alike)
@@ -316,6 +318,7 @@ class FarmRuntime:
             self.boards.close(collective=False)
             self.boards = None
         try:
+            self.t.dup_done()
             self.t.comm.Free()
         except MpiError:
             pass  # (a revoked communicator: nothing to give back that matters)

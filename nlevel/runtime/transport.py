@@ -126,14 +126,23 @@ class Transport:
     Args:
         comm: The user's communicator (``Dup`` is collective over it).
         poll_max: Backoff ceiling in seconds for blocking waits.
+        overlap: Duplicate with ``Idup``, completed by :meth:`dup_done`: the set-up's other
+            collectives (:attr:`setup_comm`: the user's communicator meanwhile) overlap it.
+            Not under fault tolerance, whose set-up must be able to revoke the communicator
+            its collectives run on (the private one, never the user's).
     """
 
-    def __init__(self, comm: Any, poll_max: float = 1e-4) -> None:
+    def __init__(self, comm: Any, poll_max: float = 1e-4, overlap: bool = False) -> None:
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise TypeError(f"comm must be an mpi4py communicator, got {comm!r}")
-        self.comm = comm.Dup()
-        self.rank: int = self.comm.Get_rank()
-        self.size: int = self.comm.Get_size()
+        self._dup: Any = None
+        if overlap:
+            self.comm, self._dup = comm.Idup()
+            self.setup_comm = comm
+        else:
+            self.comm = self.setup_comm = comm.Dup()
+        self.rank: int = self.setup_comm.Get_rank()
+        self.size: int = self.setup_comm.Get_size()
         self.poll_max = poll_max
         self._sends: list[MPI.Request] = []
         self._status = MPI.Status()
@@ -145,9 +154,16 @@ class Transport:
     def share(self, values: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         """Every rank's ``values`` (picklable), by rank (collective); every rank's host and pid are learnt
         on the way (:attr:`places`: to kill a hung rank from its host)."""
-        rows = self.comm.allgather((values, host(), os.getpid()))
+        rows = self.setup_comm.allgather((values, host(), os.getpid()))
         self.places = [(h, pid) for _, h, pid in rows]
         return [v for v, _, _ in rows]
+
+    def dup_done(self) -> None:
+        """Complete the private communicator's ``Idup`` (before its first message, or its free)."""
+        if self._dup is not None:
+            self._dup.Wait()
+            self._dup = None
+            self.setup_comm = self.comm
 
     def enable_ft(self) -> None:
         """Turn on failure reporting: a dead peer becomes an event, not an error."""
@@ -273,7 +289,8 @@ class Transport:
     def shrink(self) -> Transport:
         """Return a transport over the surviving ranks (collective over them; ULFM)."""
         t = object.__new__(Transport)
-        t.comm = self.comm.Shrink()
+        t.comm = t.setup_comm = self.comm.Shrink()
+        t._dup = None
         t.comm.Set_errhandler(MPI.ERRORS_RETURN)
         t.rank, t.size, t.poll_max = t.comm.Get_rank(), t.comm.Get_size(), self.poll_max
         t._sends, t._status, t.ft, t.failed, t.places = [], MPI.Status(), True, set(), []
