@@ -1,16 +1,18 @@
 """A farm's life on one rank: set-up and end (both collective), and the calls of the user's loop in between.
 
-Set-up (:meth:`FarmRuntime.__init__`) takes three collectives: the private ``Dup``; the
-window of the boards (``Win.Allocate``), on which every rank takes the self-test at once;
-one exchange (an allgather) that carries what rank 0 decided (settings, plan, checkpoint
-state), every rank's answers (its total, threads, window, self-test) and where every
-rank runs. Under fault tolerance a barrier and an agreement end it. No fixed sleep, no
-wait for a decision: under ``--levels auto`` the job starts on the first plan at once and
-the planner decides while it runs.
+Set-up (:meth:`FarmRuntime.__init__`) takes two collectives besides the private
+communicator's ``Idup``, which overlaps them (a blocking ``Dup`` under fault tolerance):
+the window of the boards (``Win.Allocate``), on which every rank takes the self-test at
+once; and one exchange (an allgather) that carries what rank 0 decided (settings, plan,
+checkpoint state), every rank's answers (its total, threads, window, self-test) and where
+every rank runs. Under fault tolerance a barrier and an agreement end it. No fixed sleep,
+no wait for a decision: under ``--levels auto`` the job starts on the first plan at once
+and the planner decides while it runs.
 
-The end (:meth:`FarmRuntime.end`) waits asleep until every rank is done (under ULFM: an
-agreement while still answering a new master's questions), then gathers a few numbers
-per rank and merges the statistics up a tree for the report.
+The end (:meth:`FarmRuntime.end`) is messages (:mod:`nlevel.roles.ending`): every rank's
+Ending goes up, the master releases everyone once the last is in. Without fault
+tolerance the window's free follows, the one collective of the end; the master merges the
+statistics and builds the report after it.
 """
 
 from __future__ import annotations

@@ -247,7 +247,7 @@ class Runner:
                 ending = st.is_master and st.done_serving and st.ended and st.released is None
                 if (st.done_serving and st.ended and not ending) or (until is not None and until()):
                     return
-                if (st.done_serving and not ending or self._handoff) and self._thread is threading.current_thread():
+                if ((st.done_serving and not ending) or self._handoff) and self._thread is threading.current_thread():
                     return  # (the main thread finishes the rank's own loop, or serves on itself)
             period = base if busy else min(period * 2, self.config.poll_max if ending else self.period_max)
             if self._wake.wait(period):
