@@ -209,9 +209,16 @@ class AutoPlanner:
         regroup = self.size * costs.service_time
         shallower = (servers(chosen) < servers(current) and chosen.feasible and chosen.overhead <= c.threshold
                      and chosen.overhead <= current.overhead + 0.005 and regroup <= 0.005 * remaining)
-        switch = not same and ((trouble and better) or shallower)
+        # The last few tasks per worker: the end's bursts (every region flushing as its ranks run
+        # out) are not the job's load, and a switch would cost more than what is left to gain.
+        ending = self.total > 0 and remaining < 4 * max(self.task_max, mean)
+        switch = not same and not ending and ((trouble and better) or shallower)
         if same:
             why = f"keep: {decision.reason}"
+        elif ending:
+            why = (f"keep the current plan: the job is ending (about {remaining:.3g} s of tasks left per worker, "
+                   f"under 4 times the longest task): its bursts of reports are not its load "
+                   f"(the model would choose {decision.plan.describe()})")
         elif shallower and not (trouble and better):
             why = (f"switch to fewer servers: the measurements accept {decision.plan.describe()} (predicted "
                    f"{chosen.overhead:.2%} <= C, against {current.overhead:.2%} for the current plan); "

@@ -43,8 +43,10 @@ class Region(Server):
         self.up_busy_sq = 0.0
         self.oldest_up = math.inf
         self.parent_final = False
+        self.parent_drained = False  # the parent's board said everything above is out ("drained")
         self.gone = False  # every child left early: the stock went back to the parent
         self.requests = RequestTimes()  # this region-master's own claims upward
+        self.refill_s = 0.0  # how long its refills take, lately (a moving mean): the stock covers it
         self._asked_at: float | None = None
 
     def reparent(self, parent: int) -> None:
@@ -58,25 +60,34 @@ class Region(Server):
         return len(self.queue) + self.on_board()
 
     def target(self) -> int:
-        """Ids to keep in stock: a range for every claimer waiting now, and ``prefetch`` times what the
-        region takes over the horizon (a few of its ticks), so that a claim never waits for a refill.
+        """Ids to keep in stock: for each board, a range for every claimer waiting on it now, and
+        ``prefetch`` times what its claimers take over the horizon (a few of this rank's ticks) or
+        over a refill, if refills take longer (through two or three levels of region-masters,
+        each noticing on its next look, they take tens of milliseconds), so that a claim never
+        waits for a refill.
 
-        Not more: stock held here is stock other regions cannot have, and at the end of a job it
-        is what keeps some ranks busy while others idle (the paper's prefetch is one request).
+        Per board: ids published on one board cannot serve the other's claimers (a region whose
+        leaf board held enough for the total once let its sub-regions wait on an empty upper
+        board while it refilled nothing). Not more: stock held here is stock other regions cannot
+        have, and at the end of a job it is what keeps some ranks busy while others idle (the
+        paper's prefetch is one request).
         """
         s = self.sizing
-        stock = max(1, self.stock())
+        pool = self.gss_pool()
+        ahead = max(s.horizon, self.refill_s) * s.prefetch
+        total = 0
         leaf = self.owners.get(LEAF)
-        waiting = leaf.waiting if leaf is not None else 0
-        need = self.leaf_chunk(stock) * waiting + math.ceil(self.rate[LEAF] * s.horizon * s.prefetch)
+        if leaf is not None:
+            need = self.leaf_chunk(pool) * leaf.waiting + math.ceil(self.rate[LEAF] * ahead)
+            total += max(need, leaf.on_board)
         upper = self.owners.get(UPPER)
         if upper is not None and self.live[UPPER]:
             # Sub-regions claim blocks from the upper board: their demand is this region's too
             # (counting only its own slaves, a middle region kept almost nothing and every
             # sub-region's refill waited for the master).
-            weight = max(1, round(self.live_weight[UPPER] / self.live[UPPER]))
-            need += self.block(stock, weight) * upper.waiting + math.ceil(self.rate[UPPER] * s.horizon * s.prefetch)
-        return max(1, need)
+            need = self.block(pool, self.block_weight()) * upper.waiting + math.ceil(self.rate[UPPER] * ahead)
+            total += max(need, upper.on_board)
+        return max(1, total)
 
     def refill(self, now: float) -> None:
         """Claim from the parent's upper board while the stock is under target (a few tickets at most)."""
@@ -93,12 +104,28 @@ class Region(Server):
             if claim.status == "ids":
                 self.queue.add(claim.start, claim.stop)
                 self.requests.add_parts(now - self._asked_at, self.clock() - t0)
+                if not self.parent_drained:  # (at the end, the waits are for ids nobody has)
+                    self.refill_s += 0.2 * (now - self._asked_at - self.refill_s)
                 self._asked_at = None
             elif claim.status == "final":
                 self.parent_final = True
+                self.drains = True
+                return
+            elif claim.status in ("drained", "wait"):
+                self.parent_drained = claim.status == "drained"
+                self.drains = self.parent_drained or self.gone
                 return
             elif claim.status != "lost":
-                return  # wait (nothing published yet), or stale / closed: messages will say
+                return  # stale or closed: messages will say
+
+    def gss_pool(self) -> int:
+        """The ids guided self-scheduling divides: while the parent still has ids, the job's pool is
+        upstream and a region's own small stock must not cut its ranges (it did: a region of 32
+        ranks holding 20 ids handed its sub-regions one id per block, and every one of their
+        ranks waited for refills); once the parent is drained, its own stock."""
+        if self.drains:
+            return max(1, super().gss_pool())
+        return 1 << 40
 
     def take_back(self, ranges: Ranges) -> None:
         if self.gone or self.parent_final:

@@ -60,6 +60,7 @@ COMPILED = (
     "roles/autoplan.py",
     "roles/loop.py",
     "sim/engine.py",
+    "sim/waiters.py",
 )
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # the nlevel package (this file is nlevel/sim/build.py)

@@ -42,6 +42,7 @@ from ..roles.server import LIMBO_GRACE
 from ..roles.station import Station
 from ..stats import RequestTimes, Summary
 from .faults import _DRAIN, _KILL, as_dict, check_faults, fault_handler
+from .waiters import Waiters
 
 __all__ = ["Costs", "SimBoards", "EngineResult", "Engine", "SimStalled"]
 
@@ -187,6 +188,7 @@ class EngineResult:
         deaths: Ranks killed (``kills``), with when: ``(time, rank)``.
         drained: Ranks the master drained (``drains``) and when each one left: ``(time left, rank)``.
         failures: The survivors' records of each death (role, ids held, who recovered them).
+        last_done: Per rank, when its last task ended (0 for a rank that ran none).
     """
 
     makespan: float
@@ -203,6 +205,7 @@ class EngineResult:
     deaths: list[tuple[float, int]] = field(default_factory=list)
     drained: list[tuple[float, int]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    last_done: list[float] = field(default_factory=list)
 
 
 class Engine:
@@ -280,9 +283,10 @@ class Engine:
         inbox: list[list[tuple[int, Message]]] = [[] for _ in range(n)]
         hand: list[tuple[int, int] | None] = [None] * n
         started = [0.0] * n
+        last_done = [0.0] * n  # when each rank's last task ended
         # (owner, board kind) -> {waiter: ticket it waits for (-1: none, it waits for a change)};
         # a waiter is a worker's rank, or -1-rank for a region-master waiting to refill.
-        waiting: dict[tuple[int, int], dict[int, int]] = {}
+        waiting: dict[tuple[int, int], Waiters] = {}
         watched: dict[tuple[int, int], tuple[int, int]] = {}  # (owner, kind) -> (flags, epoch) at the last look
         ended = [False] * n
         events = 0
@@ -342,10 +346,12 @@ class Engine:
                 state = (o.flags, o.epoch)
                 changed = watched.get((r, kind)) != state
                 watched[(r, kind)] = state
-                tail = o.tail
-                go = [w for w, tk in ws.items() if changed or 0 <= tk < tail or (tk < 0 and o.unclaimed_slots)]
-                for w in go:
-                    del ws[w]
+                if changed:
+                    for w in ws:
+                        wake(w, t)
+                    ws.clear()
+                    continue
+                for w in ws.ready(o.tail, o.unclaimed_slots > 0):
                     wake(w, t)
 
         def after_server(r: int, t: float) -> None:
@@ -361,7 +367,7 @@ class Engine:
                 if not d.parent_final:
                     tk = d.claimer.ticket
                     if tk >= 0:  # waiting for its parent to publish that ticket
-                        waiting.setdefault((d.parent, 1), {})[-1 - r] = tk
+                        waiting.setdefault((d.parent, 1), Waiters()).add(-1 - r, tk)
                         seen = ticket_since.get(r)
                         if seen is None or seen[0] != tk:
                             seen = ticket_since[r] = (tk, t)
@@ -435,6 +441,7 @@ class Engine:
                     tasks_run += b - a
                     loop.handle(Ran(((a, b),), (), (), b - a, dur, dur / (b - a)))
                     hand[r] = None
+                    last_done[r] = t
                 parent = w.parent
                 sink[0] = 0
                 loop.handle(NeedIds())
@@ -463,7 +470,7 @@ class Engine:
                         left.append((t + cost, r))
                 else:
                     owner = w.parent
-                    waiting.setdefault((owner, 0), {})[r] = w.claimer.ticket
+                    waiting.setdefault((owner, 0), Waiters()).add(r, w.claimer.ticket)
                     if (stations[owner].server is not None and not stations[owner].done_serving
                             and last_tick[owner] < asked[r]):
                         # (the owner notices a waiter on its next look; it need not look again
@@ -535,4 +542,5 @@ class Engine:
             plans=list(master.plans),
             deaths=deaths, drained=left,
             failures=[as_dict(f) for st in stations if not dead[st.rank] for f in getattr(st, "failures", [])],
+            last_done=last_done,
         )

@@ -116,6 +116,9 @@ class SimReport:
         drained: ``(time it left, rank)`` of every drained rank (``--drain``).
         failures: The survivors' records of each death (role, ids held, who recovered them).
         fault_tolerance: Whether the roles ran with fault tolerance on.
+        last_tasks: When the ranks' last tasks ended (seconds; ``first``, ``p10``, ``p50``,
+            ``p90``, ``last``): the job's tail. A wide spread with ids left in few places is
+            stock stranded in some regions while others idle.
     """
 
     procs: int
@@ -146,6 +149,7 @@ class SimReport:
     drained: list[tuple[float, int]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     fault_tolerance: bool = False
+    last_tasks: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (the ``--json`` output)."""
@@ -178,6 +182,7 @@ class SimReport:
             "deaths": self.deaths,
             "drained": self.drained,
             "failures": self.failures,
+            "last_tasks": self.last_tasks,
         }
 
     def summary(self) -> str:
@@ -489,7 +494,16 @@ def simulate(
         drained=result.drained,
         failures=result.failures,
         fault_tolerance=ft,
+        last_tasks=_spread([t for t in result.last_done if t > 0]),
     )
+
+
+def _spread(times: list[float]) -> dict[str, float]:
+    """First, 10th, 50th and 90th percentiles and last of ``times`` (empty when there are none)."""
+    if not times:
+        return {}
+    q = np.quantile(np.asarray(times), [0.0, 0.1, 0.5, 0.9, 1.0])
+    return dict(zip(("first", "p10", "p50", "p90", "last"), (float(x) for x in q)))
 
 
 #: The victims ``--kill`` takes by role.
