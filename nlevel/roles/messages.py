@@ -128,7 +128,8 @@ class FailureRecord:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """Child to parent: completions, results, ids given back, failures; ``leaving``: nothing more comes."""
+    """Child to parent: completions, results, ids given back, failures; ``leaving``: nothing more comes;
+    ``ending``: the sender's :class:`Ending`, when its last report and its Ending go together."""
 
     tag: ClassVar[Tag] = Tag.REPORT
     done: Ranges = ()
@@ -142,6 +143,7 @@ class Report:
     busy: float = 0.0  # ... and the seconds they took
     busy_sq: float = 0.0  # ... and the sum of their squares (the planner's variance)
     task_max: float = 0.0  # the longest task seen below the sender (s): the leases follow it
+    ending: Ending | None = None  # a leaf's early Ending, riding on its last report (one message, not two)
 
 
 @dataclass(frozen=True, slots=True)

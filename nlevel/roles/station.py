@@ -14,6 +14,8 @@ servers' and the runtime's: messages, ticks, deaths, the operator's requests.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .ending import Closing
 from .events import (
     Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Leave, Log, NeedIds, Ran,
@@ -95,6 +97,11 @@ class Station(Replanning, Closing, Watching):
         """A wire message from ``src``."""
         if self.planner is not None:
             self.planner.on_message(self.clock())
+        if isinstance(msg, Report) and msg.ending is not None:
+            return self._receive(src, replace(msg, ending=None)) + self._receive(src, msg.ending)
+        return self._receive(src, msg)
+
+    def _receive(self, src: int, msg: Message) -> list[Effect]:
         if isinstance(msg, Mirror):
             return self.on_mirror(msg)  # (even from a master that died since: its commits stand)
         if isinstance(msg, Gone):
@@ -222,6 +229,7 @@ class Station(Replanning, Closing, Watching):
         outs += self.worker_report()
         if w.drained and self.hand is None:
             outs += self._early_ending()  # (right behind its last report: the end need not wait for its next look)
+            outs = _ride(outs, self.ft)
         return outs
 
     def leave(self, unstarted: tuple[tuple[int, int], ...]) -> list[Effect]:
@@ -290,3 +298,19 @@ class Station(Replanning, Closing, Watching):
     def is_region(self) -> bool:
         """Whether this rank is a region-master now."""
         return isinstance(self.server, Region)
+
+
+def _ride(outs: list[Effect], ft: bool) -> list[Effect]:
+    """A last report and the Ending right behind it, to the same parent, as one message.
+
+    At the end of a job every leaf sends both at once: a region-master of 128 leaves handled
+    256 messages there instead of 128 (in the simulator, the last 4 ms of a 2-5 ms job). Not
+    under fault tolerance, where a parent may set a report aside until a failure is settled.
+    """
+    if ft or len(outs) < 2:
+        return outs
+    report, ending = outs[-2], outs[-1]
+    if (isinstance(report, Send) and isinstance(ending, Send) and report.dest == ending.dest
+            and isinstance(report.msg, Report) and isinstance(ending.msg, Ending) and report.msg.ending is None):
+        return outs[:-2] + [Send(report.dest, replace(report.msg, ending=ending.msg))]
+    return outs
