@@ -67,9 +67,9 @@ def test_blocks_hold_a_few_horizons_of_work_once_task_times_are_known():
     m = _master(boards, clock)
     assert m.block(10_000, 16) == 16  # nothing measured: a range per rank
     m.on_report(1, Report(done=(), tasks=4, busy=14.0), clock())  # 3.5 s tasks
-    assert m.block(10_000, 16) == 1  # 16 ranks run 0.2 ids in 4 horizons: one range (not one per rank)
-    m.task_mean = 0.0035  # (3.5 ms tasks: 16 ranks run 183 ids in 40 ms)
-    assert m.block(10_000, 16) == 183
+    assert m.block(10_000, 16) == 1  # 16 ranks run 0.02 ids in half a horizon: one range (not one per rank)
+    m.task_mean = 0.0035  # (3.5 ms tasks: 16 ranks run 23 ids in 5 ms)
+    assert m.block(10_000, 16) == 23
 
 
 def test_a_region_divides_its_own_stock_only_once_its_parent_is_drained():
