@@ -66,6 +66,17 @@ CLAIM_OPS = 3
 #: (at least), which is what one sub-region may still run when its siblings have nothing.
 HORIZON = 0.01
 
+#: The longest a region-master holds completions when tasks are long (see :func:`flush_age`).
+LONG_AGE = 1.0
+
+
+def flush_age(batch_age: float, task_mean: float) -> float:
+    """How long a region-master holds completions: ``batch_age``, or a quarter of a task when
+    tasks are longer than four batch ages (at most :data:`LONG_AGE`, never under ``batch_age``)."""
+    if task_mean <= 4 * batch_age:
+        return batch_age
+    return max(batch_age, min(task_mean / 4, LONG_AGE))
+
 
 @dataclass(frozen=True)
 class Costs:
@@ -289,6 +300,7 @@ def predict(plan: Plan, work: Workload, costs: Costs, dispersion: float = 1.0) -
     workers = max(1, workers)
     per_worker = work.per_worker(workers)
     slave_reports = _report_rate(range_s, c.report_age)
+    age = flush_age(c.batch_age, T)  # a region-master's batch age for these tasks
     claim_occupancy = CLAIM_OPS * c.atomic_service
 
     loads: list[LevelLoad] = []
@@ -306,12 +318,12 @@ def predict(plan: Plan, work: Workload, costs: Costs, dispersion: float = 1.0) -
         for j in range(k, depth):
             sub_weight = blocks[j + 1]  # ranks that compute under one sub-region
             completions = sub_weight / T
-            flushes = max(1.0 / c.batch_age, completions / c.batch) if completions else 0.0
+            flushes = max(1.0 / age, completions / c.batch) if completions else 0.0
             refills = completions / max(1.0, chunk * sub_weight)  # a block: a range per worker of the region
             claims += (splits[j] - 1) * refills
             reports += (splits[j] - 1) * min(flushes, completions)
         if k > 0:
-            ticks = 1.0 / c.batch_age  # a region-master's batch age (it flushes when due)
+            ticks = 1.0 / age  # a region-master's batch age (it flushes when due)
         rho_cpu = (reports + ticks) * c.service_time
         rho_mem = claims * claim_occupancy
         wait = kingman_wait(claims, 1.0 / claim_occupancy, dispersion) if claim_occupancy else 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nlevel.config import Config
+from nlevel.model.cost import flush_age
 from nlevel.model.plan import Plan
 from nlevel.roles.autoplan import AutoPlanner
 
@@ -31,7 +32,7 @@ def test_a_start_tree_gives_way_to_the_shallower_plan_the_measurements_accept():
     # 32,768 x 60-180 s with the paper's slow master: the start tree (16 x 16) is predicted
     # under C, but so is classic, with 272 servers fewer: the paper's rule takes the shallower.
     start = Plan(4, (16, 16), reason="start")
-    plan, rec = _decide(32768, start, 120.0, 0.5e-3, 50e-6)
+    plan, rec = _decide(32768, start, 120.0, 0.5e-3, 50e-6, rate=16 / flush_age(0.05, 120.0))  # (flushes each 1 s)
     assert plan is not None and rec["switch"], rec["reason"]
     assert (plan.levels, plan.regions) in {(2, ()), (3, plan.regions)} and plan.levels < 4
     assert rec["reason"].startswith("switch to fewer servers")

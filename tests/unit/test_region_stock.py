@@ -130,3 +130,15 @@ def test_orphan_completions_after_a_switch_are_known_to_be_held_by_no_child():
     assert m.accounted([(510, 520), (590, 600)])
     assert not m.accounted([(590, 601)])
     assert not _region(16, boards, clock).accounted([(510, 520)])
+
+
+def test_a_region_holds_completions_a_quarter_task_when_tasks_are_long():
+    boards, clock = SimBoards((256, 256)), Clock()
+    r = _region(20, boards, clock)
+    assert r.age() == r.batch_age  # nothing measured
+    r.task_mean = 0.2  # (four batch ages: still the batch age)
+    assert r.age() == r.batch_age
+    r.task_mean = 3.5
+    assert abs(r.age() - r.batch_age * 0.875 / 0.05) < 1e-12  # the same stagger, a quarter task
+    r.task_mean = 120.0
+    assert abs(r.age() - r.batch_age * 1.0 / 0.05) < 1e-12  # at most LONG_AGE
