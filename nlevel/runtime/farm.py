@@ -161,6 +161,7 @@ class FarmRuntime:
                     "the farm's set-up failed on another rank (see its error message)")
             self._abandon(release_lock=False)
             base = self._after_setup_death(survivors, seen, shrunk=True)
+        self.setup_s = clock() - self.t0  # (the report's set-up time: the model's fixed cost, with the last write)
         if self.setup_deaths and self.rank == 0:
             ranks = ", ".join(str(d["rank"]) for d in self.setup_deaths)
             sys.stderr.write(f"nlevel: rank(s) {ranks} of the job died while the farm was being set up; it goes "
@@ -544,6 +545,7 @@ class FarmRuntime:
             failures=sorted((f for f in totals["failures"] if not f["how"].startswith("drained")),
                             key=lambda f: f["detected_at"]),
         )
+        report["setup_s"] = self.setup_s
         if self.setup_deaths:  # (ranks of the user's communicator; the farm's own were renumbered after them)
             report["failures"] = self.setup_deaths + report["failures"]
             report["user_ranks"] = user_ranks(self.t.comm, self.user_comm)
