@@ -266,6 +266,29 @@ def render_sim(results: Results) -> list[str]:
                   "auto plan (levels, regions)"], rows)
 
 
+def render_cells(results: Results) -> list[str]:
+    """``bench/model_cells.py``: the automatic plan in every cell, simulated, against its prediction and the limit."""
+    rows = []
+    for _, d in results:
+        for r in d.get("rows", []):
+            rows.append([f"{r['procs']:,}", r["workload"], r["plan"], _pct(r["overhead"]), _pct(r["predicted_overhead"]),
+                         f"{100 * r['limit']:.0f} %", "yes" if r["meets_limit"] else "NO",
+                         "yes" if r["prediction_close"] else "NO", _num(r.get("sim_seconds"))])
+    return table(["processes", "tasks", "plan it ran", "simulated", "predicted", "limit", "meets it",
+                  "prediction within 25 % / 0.5 pt", "simulation, s"], rows)
+
+
+def render_model_real(results: Results) -> list[str]:
+    """``bench/model_real.py``: the model's prediction against real runs (median of the repeats)."""
+    rows = []
+    for _, d in results:
+        for r in d.get("rows", []):
+            inputs = (r.get("runs") or [{}])[0].get("inputs", {})
+            rows.append([str(r["ranks"]), _num(r["tasks"]), inputs.get("plan", "–"), _pct(r["measured"]),
+                         _pct(r["predicted"]), "yes" if r["close"] else "NO"])
+    return table(["ranks", "tasks", "plan", "measured", "predicted", "within 25 % / 1 pt"], rows)
+
+
 RENDERERS: dict[str, Callable[[Results], list[str]]] = {
     "suite": render_suite,
     "peers": render_peers,
@@ -273,6 +296,8 @@ RENDERERS: dict[str, Callable[[Results], list[str]]] = {
     "soak": render_soak,
     "rollback": render_rollback,
     "sim": render_sim,
+    "cells": render_cells,
+    "model_real": render_model_real,
 }
 
 _BLOCK = re.compile(r"(<!-- render: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end render -->)", re.S)

@@ -185,7 +185,7 @@ class Config:
     threshold: float = _setting(
         0.10, "overhead threshold C; a plan predicted above it is split further", group="auto", check=_fraction)
     replan_interval: float = _setting(
-        5.0, "seconds between re-decisions after the first one", group="auto", check=_positive_float, unit="s")
+        5.0, "seconds between re-decisions after the first one (two mean task times at least)", group="auto", check=_positive_float, unit="s")
     force_replan: str = _setting(
         "", "testing: switch plans at a committed fraction, e.g. 0.5@3x2", group="auto", check=_force,
         words={"none": ""})
