@@ -9,9 +9,11 @@ and fail when one dies during them):
   from each live child, and sends its parent one Ending holding its own row and statistics
   merged with its children's. A rank whose parent changed (a death) sends it again to the
   new parent; a later Ending from the same rank replaces the earlier.
-* A leaf sends its Ending *early*, while the last tasks still run elsewhere, once the
-  master's board said everything is out (``"drained"``) and it holds and owes nothing: so
-  the end does not wait for every leaf to learn of FINAL and answer. A parent drops a
+* A leaf sends its Ending *early*, while the last tasks still run elsewhere, once its
+  parent's board said everything is out (``"drained"``: the master's, or a region's whose
+  own parent said so) and it holds and owes nothing: so the end does not wait for every
+  leaf to learn of FINAL and answer. Without fault tolerance it rides on the leaf's last
+  report (:attr:`~nlevel.roles.messages.Report.ending`): one message, not two. A parent drops a
   child's Ending when a report from it follows (it ran ids that came back after a
   failure): the child sends a new one when it is idle again.
 * A child that does not send its Ending within a lease after its parent is over is hung:
