@@ -1,6 +1,7 @@
 """Soak test of fault tolerance: randomized deaths, the promise checked from outside.
 
-    python bench/soak.py [--trials 100] [--seed 0] [--ft ulfm|none] [--quick] [--out bench/results/soak.json]
+    python bench/soak.py [--trials 100] [--seed 0] [--ft ulfm|none] [--phases start,middle,end] [--quick]
+                         [--out bench/results/soak.json]
 
 Each trial launches ``tests/apps/dying_app.py`` under ``nlevel-mpiexec [--with-ft ulfm]``
 with a random plan (2 or 3 levels, 6-8 processes) and one kind of death:
@@ -12,6 +13,10 @@ with a random plan (2 or 3 levels, 6-8 processes) and one kind of death:
 * from inside, by a task: ``os._exit(3)`` (``exit``) or a task that never returns
   (``hang``, with ``--task-timeout 1``), on a random id (low ids die at start, high ones
   near the end); the task dies only the first time it runs.
+
+A death "at start" may land before ``MPI_Init`` returns: ``nlevel-mpiexec`` then starts the
+job again (:mod:`nlevel.runtime.startwatch`), and the table shows it as ``starting`` (its
+recovery is a whole new start, seconds). ``--phases start`` draws only such trials.
 
 A trial still running after ``--timeout`` seconds is a hang: the harness kills the whole
 job. Then it checks, from the checkpoint (h5py) and the exec logs: ids lost, ids whose
@@ -57,12 +62,18 @@ QUICK = [  # (size, levels, role, kind, phase): one of each kind of death but ex
 ]
 
 
-def draw(rng: random.Random, n: int, fixed: tuple[int, int, str, str, str] | None = None) -> dict[str, Any]:
+PHASES = ("start", "middle", "end")
+
+
+def draw(rng: random.Random, n: int, fixed: tuple[int, int, str, str, str] | None = None,
+         phases: tuple[str, ...] = PHASES) -> dict[str, Any]:
     """One random trial (or the ``fixed`` one of ``--quick``): plan, kind of death, victims, instant."""
     size = rng.randint(6, 8)
     levels = rng.choice((2, 3))
     kind = rng.choice(KINDS)
-    phase = rng.choice(("start", "middle", "end"))
+    phase = rng.choice(PHASES)
+    if phase not in phases:  # (drawn all the same, so a trial's other choices do not depend on --phases)
+        phase = phases[rng.randrange(len(phases))]
     roles = ["slave", "master", "new-leader"] + (["region-master"] if levels == 3 else [])
     role = rng.choice(roles)
     if fixed is not None:
@@ -168,6 +179,8 @@ def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
     for t in landed:
         for f in t["audit"]["failures"]:  # kills from outside: detection measured from the kill
             role = f"new {t['role']}" if f["role"] == "new-leader" else f["role"]
+            if f.get("reported_role") == "starting":  # (dead before MPI was up: the launcher started the job again)
+                role = "starting"
             r = rows.setdefault(f"{role}/{f['signal']}", {"detect": [], "recovery": [], "n": []})
             r["n"].append(1)
             if f["detect_ms"] is not None:
@@ -218,7 +231,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true",
                    help="4 fixed short trials (600 tasks of 20 ms, 6 processes, one per kind of death but exit)")
     p.add_argument("--markdown", metavar="FILE", help="also write the Markdown table here")
+    p.add_argument("--phases", default=",".join(PHASES),
+                   help="instants of death to draw from, comma-separated [default start,middle,end]")
     args = p.parse_args()
+    phases = tuple(x.strip() for x in args.phases.split(",") if x.strip())
+    if not phases or set(phases) - set(PHASES):
+        p.error(f"--phases must name some of {', '.join(PHASES)}, got {args.phases!r}")
     if args.quick:
         args.trials, args.n, args.sleep_ms, args.timeout = len(QUICK), 600, 20.0, min(args.timeout, 60.0)
     if args.out is None:
@@ -228,7 +246,7 @@ def main() -> None:
     trials = []
     t0 = time.time()
     for k in range(args.trials):
-        t = draw(rng, args.n, QUICK[k] if args.quick else None)
+        t = draw(rng, args.n, QUICK[k] if args.quick else None, phases)
         r = trial(k, t, args, base)
         trials.append(r)
         a = r["audit"]

@@ -8,6 +8,9 @@ while (task_id := get_task_id(total, "run.h5", comm)) >= 0:
 """
 
 from ._version import __version__
+from .runtime.startwatch import mark as _mark
+
+_mark("start")  # (for nlevel-mpiexec: this rank is an nlevel process, not yet known to be past MPI_Init)
 from .api import Farm, get_task_id
 from .config import Config
 from .errors import AppError, CheckpointError, ConfigError, NlevelError, PlanError

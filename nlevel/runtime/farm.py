@@ -37,6 +37,7 @@ from . import checkpoint as ckpt
 from . import control, machine, signals, window
 from .backoff import Backoff
 from .rank import MpiPort, Runner, clock
+from .startwatch import mark, start_records
 from .report import build_report, failed_tasks, merge_stats, timeline
 from .transport import MpiError, Transport, agree, revoke, setup_recovery, shrink, user_ranks, world
 
@@ -162,10 +163,10 @@ class FarmRuntime:
             self._abandon(release_lock=False)
             base = self._after_setup_death(survivors, seen, shrunk=True)
         self.setup_s = clock() - self.t0  # (the report's set-up time: the model's fixed cost, with the last write)
+        mark("run", say=self.rank == 0)  # (for nlevel-mpiexec: the start is over, leases watch from here)
         if self.setup_deaths and self.rank == 0:
-            ranks = ", ".join(str(d["rank"]) for d in self.setup_deaths)
-            sys.stderr.write(f"nlevel: rank(s) {ranks} of the job died while the farm was being set up; it goes "
-                             f"on with the {self.size} others (farm ranks renumbered)\n")
+            sys.stderr.write(f"nlevel: rank(s) {', '.join(str(d['rank']) for d in self.setup_deaths)} of the job died "
+                             f"while the farm was being set up; it goes on with the {self.size} others (farm ranks renumbered)\n")
         try:
             self._start()
         except BaseException:
@@ -542,8 +543,8 @@ class FarmRuntime:
         report = build_report(
             config=self.config, hierarchy=st.hierarchy, rows=rows, totals=totals, ledger=ledger,
             started=self.started, wall=clock() - self.t0, checkpoint=self.checkpoint, writer=self.port.writer,
-            failures=sorted((f for f in totals["failures"] if not f["how"].startswith("drained")),
-                            key=lambda f: f["detected_at"]),
+            failures=start_records(self.started) + sorted(  # (deaths before MPI was up first)
+                (f for f in totals["failures"] if not f["how"].startswith("drained")), key=lambda f: f["detected_at"]),
         )
         report["setup_s"] = self.setup_s
         if self.setup_deaths:  # (ranks of the user's communicator; the farm's own were renumbered after them)

@@ -20,18 +20,26 @@ then returns 0 whatever the ranks' statuses, so each nlevel process that ends wi
 status writes it to a file in ``$NLEVEL_EXIT_DIR`` (:func:`record_exit`), and the wrapper exits
 with the largest of them. A process that died on its own (a task's ``os._exit``, a signal)
 writes nothing: the job's status is the one the survivors agreed on.
+
+Under ``--with-ft`` on one node it also watches the start (:mod:`.startwatch`): a process that
+dies before MPI is up leaves the others waiting in ``MPI_Init`` for ever, and nothing has run
+yet, so the wrapper stops that job and starts it again, at most ``--start-retries`` times
+(``NLEVEL_START_RETRIES``, default 2); the job's report lists the deaths as ``starting`` failures.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from typing import Sequence
 
 from .machine import usable_cores
+from .startwatch import FAILURES, RETRIES, START_DIR, Verdict, Watch, markers
 
 __all__ = ["main", "build_command", "record_exit", "EXIT_DIR"]
 
@@ -55,6 +63,8 @@ def record_exit(code: int) -> None:
 def _worst_recorded(where: str) -> int:
     worst = 0
     for name in os.listdir(where):
+        if not name.isdigit():
+            continue  # (the start watch's directories)
         try:
             with open(os.path.join(where, name)) as f:
                 worst = max(worst, int(f.read().strip() or 0))
@@ -170,6 +180,24 @@ _FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 _early: list[int] = []  # signals that came before mpiexec was started
 
 
+def _start_retries(args: list[str]) -> tuple[list[str], int]:
+    """Take ``--start-retries N`` out of ``args`` (else ``$NLEVEL_START_RETRIES``, else 2)."""
+    text, where = os.environ.get(RETRIES, "2"), RETRIES
+    if "--start-retries" in args:
+        i = args.index("--start-retries")
+        if i + 1 >= len(args):
+            raise SystemExit("nlevel-mpiexec: error: --start-retries needs a count >= 0")
+        text, where = args[i + 1], "--start-retries"
+        args = args[:i] + args[i + 2 :]
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise SystemExit(f"nlevel-mpiexec: error: {where} must be a whole number >= 0, got {text!r}")
+    return args, count
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``nlevel-mpiexec``; returns mpiexec's exit status."""
     for sig in _FORWARDED:  # from the first instant: a batch script's USR1 must not kill the wrapper
@@ -179,8 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = [a for a in args if a != "--dry-run"]
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
-        print("usage: nlevel-mpiexec [--dry-run] [-n N] [mpiexec options] COMMAND [ARGS...]")
+        print("usage: nlevel-mpiexec [--dry-run] [--start-retries N] [-n N] [mpiexec options] COMMAND [ARGS...]")
         return 0
+    args, retries = _start_retries(args)
     try:
         cmd, env = build_command(args)
     except FileNotFoundError as exc:
@@ -195,22 +224,112 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
         return 0
     if env.get(_NON_ZERO) != "0":
-        return _run_forwarding_signals(cmd, full_env)
+        return _run_forwarding_signals(cmd, full_env)[0]
     import tempfile
 
     where = tempfile.mkdtemp(prefix="nlevel-exit-")
     full_env[EXIT_DIR] = where
+    watching = one_node(_split(args)[0]) and os.path.isdir("/proc")
+    failures: list[dict[str, object]] = []  # (every attempt's, passed on to the next)
     try:
-        code = _run_forwarding_signals(cmd, full_env)
-        return code if code else _worst_recorded(where)
+        for attempt in range(1, retries + 2):
+            start_dir = None
+            if watching:
+                start_dir = os.path.join(where, f"start-{attempt}")
+                os.mkdir(start_dir)
+                full_env[START_DIR] = start_dir
+            if failures:
+                full_env[FAILURES] = json.dumps(failures)
+            code, verdict = _run_forwarding_signals(cmd, full_env, start_dir, where)
+            if verdict is None:
+                return code if code else _worst_recorded(where)
+            if verdict.how == "exited":
+                status = _worst_recorded(where) or 1
+                print(f"nlevel-mpiexec: rank {verdict.rank} (pid {verdict.pid}) exited with status {status} before "
+                      f"MPI was up, and the others wait for it in MPI_Init: job stopped (its output says why; "
+                      f"nothing ran, the checkpoint is unchanged)", file=sys.stderr, flush=True)
+                return status
+            failures.extend(verdict.to_records(attempt))
+            again = attempt <= retries
+            what = "was stopped (and killed)" if verdict.how == "stopped" else "died"
+            more = "".join(f", rank {r} (pid {p}) {'was stopped (and killed)' if h == 'stopped' else h}"
+                           for r, p, h in verdict.others)
+            print(f"nlevel-mpiexec: rank {verdict.rank} (pid {verdict.pid}) {what}{more} before MPI was up; under --with-ft "
+                  f"Open MPI's start waits for it for ever, and nothing has run yet: "
+                  + (f"starting the job again (attempt {attempt + 1} of {retries + 1})" if again else
+                     f"giving up after {attempt} attempt(s) (--start-retries {retries}); the checkpoint is "
+                     f"unchanged, the same command starts it again"), file=sys.stderr, flush=True)
+            for name in os.listdir(where):  # (statuses of the stopped attempt's ranks)
+                if name.isdigit():
+                    os.unlink(os.path.join(where, name))
+        return 1
     finally:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def _run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
+def _ranks_of(parent: int, known: dict[int, int | None]) -> tuple[dict[int, int], dict[int, int]]:
+    """Return ({rank: pid} of ``parent``'s live child processes that are MPI ranks, {rank: pid} of the stopped ones).
+
+    Read from ``/proc``; ``known`` caches pid -> rank (None: not a rank) across calls.
+    """
+    alive: dict[int, int] = {}
+    stopped: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) < 2 or fields[1] != str(parent) or fields[0] in ("Z", "X"):
+            continue
+        pid = int(name)
+        if pid not in known:
+            known[pid] = None
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    for entry in f.read().split(b"\0"):
+                        if entry.startswith(b"OMPI_COMM_WORLD_RANK="):
+                            known[pid] = int(entry.partition(b"=")[2])
+            except (OSError, ValueError):
+                pass
+        rank = known[pid]
+        if rank is not None:
+            alive[rank] = pid
+            if fields[0] == "T":
+                stopped[rank] = pid
+    return alive, stopped
+
+
+def _stop(proc: subprocess.Popen[bytes], pids: Sequence[int]) -> None:
+    """End a job stuck in its start: its ranks first (SIGKILL), then mpiexec (TERM, then KILL)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for sig, wait in ((None, 5.0), (signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
+        if sig is not None:
+            try:
+                proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _run_forwarding_signals(cmd: list[str], env: dict[str, str], start_dir: str | None = None,
+                            exit_dir: str | None = None) -> tuple[int, Verdict | None]:
     """Run ``cmd``, passing SIGUSR1/SIGUSR2/SIGTERM/SIGINT on to it (mpiexec forwards them to the ranks).
 
     A batch script's ``kill -USR1 $launcher`` must reach the job, not kill this wrapper.
+    With ``start_dir``, watch the start (:class:`.startwatch.Watch`) every 0.05 s until the
+    farm is set up: a rank stopped meanwhile is killed, a verdict stops the job. Returns (exit status, the verdict or None).
     """
     proc = subprocess.Popen(cmd, env=env)
 
@@ -225,11 +344,40 @@ def _run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
     for signum in _early:  # arrived while the command was being prepared
         forward(signum, None)
     _early.clear()
+    watch = Watch() if start_dir is not None else None
+    known: dict[int, int | None] = {}
     while True:
         try:
-            return proc.wait()
+            code = proc.wait(timeout=None if watch is None or watch.running else 0.05)
+        except subprocess.TimeoutExpired:
+            assert watch is not None and start_dir is not None
+            alive, stopped = _ranks_of(proc.pid, known)
+            started, up, running = markers(start_dir)
+            for rank, pid in watch.stuck(stopped, bool(running), time.time()):
+                print(f"nlevel-mpiexec: rank {rank} (pid {pid}) has been stopped for {watch.stop_grace:g} s while the "
+                      f"job starts, where no lease watches it yet: killed, so that the others can go on",
+                      file=sys.stderr, flush=True)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            verdict = watch.observe(alive, started, up, _exited(exit_dir), time.time())
+            if verdict is not None:
+                _stop(proc, sorted(alive.values()))
+                return proc.returncode if proc.returncode is not None else 1, verdict
+            continue
         except KeyboardInterrupt:  # pragma: no cover - SIGINT is forwarded, keep waiting
             continue
+        if code and watch is not None and start_dir is not None:
+            if markers(start_dir)[1]:
+                return code, None  # (MPI was up after all: the job's own ending)
+            return code, watch.ended(_exited(exit_dir))
+        return code, None
+
+
+def _exited(exit_dir: str | None) -> set[int]:
+    """The pids that left an exit status in ``exit_dir`` (:func:`record_exit`)."""
+    return {int(n) for n in os.listdir(exit_dir) if n.isdigit()} if exit_dir else set()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ from mpi4py import MPI
 from ..roles.events import Died
 from ..roles.messages import Message, decode, encode
 from .backoff import Backoff
+from .startwatch import mark
+
+mark("up")  # (MPI is initialised: for nlevel-mpiexec, this job's start is over)
 
 # Error classes of a dead peer under ULFM (MPI_ERR_PROC_FAILED, _PENDING, MPI_ERR_REVOKED).
 _FAILURE_CLASSES = {getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED") if hasattr(MPI, n)}

@@ -110,8 +110,8 @@ def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
         twice though no run was on a killed rank or below one: never allowed), ``bound`` (sum of the
         report's ``failures[].held``, None when the report does not give it),
         ``unreported`` (killed ranks missing from ``failures``) and ``failures`` (per
-        kill: role, signal, ``detect_ms`` = detected_at - kill time, ``recovery_ms`` as
-        reported, ``kill_to_recovered_ms``).
+        kill: role, signal, ``reported_role`` (the report's, e.g. ``starting``), ``detect_ms`` =
+        detected_at - kill time, ``recovery_ms`` as reported, ``kill_to_recovered_ms``).
     """
     from nlevel.errors import CheckpointError
     try:
@@ -130,9 +130,10 @@ def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
     by_rank = {int(f["rank"]): f for f in reports if "rank" in f}
     for k in kills:
         f = by_rank.get(k.rank)
-        row: dict[str, Any] = {"rank": k.rank, "role": k.role, "signal": k.signal,
+        row: dict[str, Any] = {"rank": k.rank, "role": k.role, "signal": k.signal, "reported_role": None,
                                "detect_ms": None, "recovery_ms": None, "kill_to_recovered_ms": None}
         if f is not None:
+            row["reported_role"] = f.get("role")  # ("starting": it died before MPI was up; the job started again)
             if f.get("detected_at") is not None:
                 row["detect_ms"] = (float(f["detected_at"]) - k.time) * 1e3
             if f.get("recovered_at") is not None:

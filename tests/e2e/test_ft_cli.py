@@ -178,3 +178,42 @@ def test_retry_failed_runs_only_the_failed_ids_again_and_clears_their_records(tm
     assert report["complete"] and report["failed_tasks"] == [] and report["committed_this_run"] == 1
     assert runs[50] == 3 and sum(runs.values()) == 122  # only id 50 ran again
     assert completed_ids(tmp_path / "run.h5") == set(range(120)) and _failed_in_checkpoint(tmp_path / "run.h5") == {}
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("how", ["KILL", "STOP"])
+def test_a_rank_lost_before_mpi_init_makes_the_launcher_start_again_not_hang(tmp_path, mpi_env, how):
+    """Issue 14: Open MPI's start-up fence waits for ever for a process dead (or stopped) before MPI_Init under ULFM."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    cmd = [os.path.join(BIN, "nlevel-mpiexec"), "--with-ft", "ulfm", "-n", "4", sys.executable,
+           os.path.join(ROOT, "tests", "apps", "early_death.py"), "300", "run.h5"]
+    env = {**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs), "EARLY_RANK": "2", "EARLY_HOW": how}
+    try:
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"hung\n{exc.stderr}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    what = "was stopped (and killed)" if how == "STOP" else "died"
+    assert f"nlevel-mpiexec: rank 2 (pid " in proc.stderr and f") {what} before MPI was up" in proc.stderr
+    assert "starting the job again (attempt 2 of 3)" in proc.stderr
+    assert "nlevel: started again by nlevel-mpiexec (attempt 2): rank(s) 2 died before MPI was up" in proc.stderr
+    assert completed_ids(tmp_path / "run.h5") == set(range(300))
+    runs: Counter[int] = Counter()
+    for name in os.listdir(logs):
+        if name.startswith("exec-"):
+            runs.update(int(x) for x in (logs / name).read_text().split())
+    assert set(runs) == set(range(300)) and max(runs.values()) == 1  # nothing had run before the second start
+
+
+@pytest.mark.timeout(100)
+def test_no_start_again_when_asked_for_none(tmp_path, mpi_env):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    cmd = [os.path.join(BIN, "nlevel-mpiexec"), "--start-retries", "0", "--with-ft", "ulfm", "-n", "3",
+           sys.executable, os.path.join(ROOT, "tests", "apps", "early_death.py"), "100", "run.h5"]
+    env = {**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs), "EARLY_RANK": "1", "EARLY_HOW": "KILL"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "giving up after 1 attempt(s) (--start-retries 0)" in proc.stderr
+    assert not (tmp_path / "run.h5").exists()  # nothing ran, nothing written
