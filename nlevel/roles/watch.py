@@ -7,11 +7,15 @@ returns) and never a task that runs too long. So:
   lease (``lease_min + lease_factor x`` the longest task seen per id held), and a survivor
   that does not answer a reconciliation within a lease.
 * **Watchers.** The master heartbeats to its first :data:`WATCHERS` survivors (the deputy
-  through its copy of the ledger, the others with :class:`~nlevel.roles.messages.Heartbeat`);
-  each kills a master silent past a lease. One watcher today, the deputy: a slave that
-  watches reads its messages only between its tasks, and several watchers killed masters
-  that were working (tests/e2e/test_faults.py). So the master and its deputy hung together
-  still hang the job (docs/fault-tolerance.md, limits).
+  through its copy of the ledger, the next one with :class:`~nlevel.roles.messages.Heartbeat`);
+  each kills a master silent past a lease. The deputy judges at any time. The second
+  watcher judges only after it has itself waited for ids a whole lease: a rank reads its
+  messages only between its tasks, and watchers that judged while computing killed masters
+  that were working (tests/e2e/test_faults.py); a rank that has waited a lease has read
+  every heartbeat sent meanwhile. With the master and its deputy hung together, the ids
+  stop coming, the second watcher waits, and kills the master; the deputy, master in turn
+  and as silent, is killed one lease later, and the next survivor takes over from the
+  checkpoint file.
 * **Task time limit** (``--task-timeout``). A rank that computes and has held its ids
   longer than the limit (per id) ran a task too long: with fault tolerance it is killed like
   a hung one; without, it is given up (:class:`~nlevel.roles.events.Abandon`: MPI would end
@@ -32,8 +36,8 @@ from .region import Region
 
 __all__ = ["Watching", "WATCHERS", "watchers"]
 
-#: How many ranks watch the master (the deputy first).
-WATCHERS = 1  # (the deputy: a slave that watches reads its messages only between tasks, and killed a busy master)
+#: How many ranks watch the master (the deputy first; the second judges only while it waits for ids).
+WATCHERS = 2
 
 
 def watchers(h: Hierarchy) -> list[int]:
@@ -85,10 +89,13 @@ class Watching(StationCore):
             return []
         w = self.worker
         longest = w.task_times.hi if w is not None and w.task_times.n else 0.0
-        if now - self.master_heard > self.config.lease_min + self.config.lease_factor * longest:
-            self.master_heard = now
-            return [Kill(h.master, "was silent past its lease as the master (hung)")]
-        return []
+        lease = self.config.lease_min + self.config.lease_factor * longest
+        if now - self.master_heard <= lease:
+            return []
+        if self.rank != deputy(h) and (w is None or w.wait_started is None or now - w.wait_started <= lease):
+            return []  # (not the deputy: it judges only once it has waited for ids, reading messages, a lease)
+        self.master_heard = now
+        return [Kill(h.master, "was silent past its lease as the master (hung)")]
 
     def watched(self) -> list[int]:
         """Ranks whose processes this rank checks are still there (its children, and the master it watches)."""

@@ -94,6 +94,8 @@ MATRIX = [
     pytest.param(9, 3, (2,), Schedule(role="region-master", then_new_leader=0.1), id="new-leader-L3"),
     pytest.param(12, 3, (3,), Schedule(role="any", count=3, spacing=0.1, seed=5), id="any-3-L3"),
     pytest.param(8, 2, (), Schedule(role="master", then_new_leader=0.1), id="new-master-L2"),
+    # Issue 14: master and deputy hung together; the second watcher kills one, then the other.
+    pytest.param(7, 2, (), Schedule(role="master", signal="STOP", then_new_leader=0.1), id="master-deputy-stop-L2"),
 ]
 
 

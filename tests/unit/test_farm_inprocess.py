@@ -166,6 +166,19 @@ def test_one_death_of_each_role(size, plan, role, seed):
     check(out, total)
 
 
+@pytest.mark.parametrize("plan", [Plan(2), Plan(3, (2,))])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_master_and_its_deputy_hung_together_are_killed_in_turn_not_a_hang(plan, seed):
+    """Issue 14: the second watcher, once it has waited a lease for ids, kills the silent master, then the deputy."""
+    config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance="on", lease_min=0.5)
+    total = 400
+    out = Network(7, plan, total, seed, config=config).run(kills=[(60 + seed * 5, 0, "hang"), (61 + seed * 5, 1, "hang")])
+    check(out, total)
+    assert out.kills == [(0, "was silent past its lease as the master (hung)"),
+                         (1, "was silent past its lease as the master (hung)")]
+    assert out.dead == {0, 1}
+
+
 @settings(max_examples=80, deadline=None)
 @given(case=st.sampled_from(KILL_PLANS), seed=st.integers(0, 10**6),
        kills=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 15)), max_size=3))
