@@ -203,8 +203,20 @@ class Closing(StationCore):
                         reverse=True)
         outs += [Send(r, Release(code, failed)) for r in others]
         if dep is not None:
-            outs.append(Send(dep, Release(code, failed)))
+            # Under fault tolerance the deputy's own release waits for the master's last work
+            # (report, lock): until then the deputy still watches it, so a master hung in that
+            # window is killed and the deputy finishes the job, instead of a hang.
+            last = Send(dep, Release(code, failed))
+            if self.ft:
+                self.deputy_release = [last]
+            else:
+                outs.append(last)
         self.released = Release(code, failed, report)
+        return outs
+
+    def release_deputy(self) -> list[Effect]:
+        """The master, its own end done (report written, lock released): release the deputy (once; fault tolerance)."""
+        outs, self.deputy_release = self.deputy_release, []
         return outs
 
     def on_release(self, msg: Release) -> list[Effect]:

@@ -39,7 +39,7 @@ from .backoff import Backoff
 from .rank import MpiPort, Runner, clock
 from .startwatch import mark, start_records
 from .report import build_report, failed_tasks, merge_stats, timeline
-from .transport import MpiError, Transport, agree, revoke, setup_recovery, shrink, user_ranks, world
+from .transport import MpiError, Transport, agree, kill_self, revoke, setup_recovery, shrink, user_ranks, world
 
 __all__ = ["FarmRuntime", "default_app", "identity"]
 
@@ -122,9 +122,8 @@ class FarmRuntime:
         self._released_all = False  # the master released everyone ...
         self._closing: BaseException | None = None  # ... and the checkpoint's error then, if any
         self.setup_deaths: list[dict[str, Any]] = []  # ranks (of the user's communicator) dead during set-up
-        # Under ULFM a death inside the set-up collectives must not hang or fail the job: every
-        # survivor revokes the set-up's communicator, they shrink, and set up again among
-        # themselves (farm ranks are then renumbered; the report maps them to the user's).
+        # Under ULFM a death inside the set-up collectives must not hang or fail the job: every survivor revokes
+        # the set-up's communicator, they shrink and set up again (farm ranks renumbered; the report maps them).
         recover = setup_recovery(config)
         base = self.user_comm
         while True:
@@ -444,12 +443,10 @@ class FarmRuntime:
             t.flush(timeout=5.0)
             time.sleep(0.2)  # let the leaving report land before the process is gone
             self.port.log("drained: leaving the job")
-            from .transport import kill_self
-
-            sys.stdout.flush()
-            sys.stderr.flush()
+            sys.stdout.flush(), sys.stderr.flush()
             kill_self()
         self._await_release()
+        mark("done")  # (for nlevel-mpiexec: a process stopped from now on hangs nothing, it is killed)
         released = st.released
         assert released is not None
         self.failed = tuple(released.failed)
@@ -465,8 +462,8 @@ class FarmRuntime:
             t.flush()
             if self.boards.kind == "two-sided":
                 t.idle_barrier(runner.step)  # (a server answers board operations until the last child is out)
-            # One-sided, nothing is in flight to a released rank (every rank's Ending was its
-            # last message, the master's Release its last), and freeing the window is collective.
+            # One-sided, nothing is in flight to a released rank (every rank's Ending was its last
+            # message, the master's Release its last), and freeing the window is collective.
             self.boards.close(collective=True)
             t.close()
             if released.code:  # (a script's process too ends with the job's status: failed ids, a stop)
@@ -484,6 +481,9 @@ class FarmRuntime:
             self.recorder.close(finished=True, complete=bool(self.report and self.report.get("complete")))
         if self.port.lock is not None:
             self.port.lock.release()
+        if self._released_all and t.ft:  # (the deputy watched this master until now: see Ending.release)
+            self.loop.perform(st.release_deputy())
+            t.flush(timeout=5.0)
         if error is not None:
             raise error if isinstance(error, NlevelError) else ckpt.CheckpointError(str(error))
 

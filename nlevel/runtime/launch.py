@@ -25,6 +25,8 @@ Under ``--with-ft`` on one node it also watches the start (:mod:`.startwatch`): 
 dies before MPI is up leaves the others waiting in ``MPI_Init`` for ever, and nothing has run
 yet, so the wrapper stops that job and starts it again, at most ``--start-retries`` times
 (``NLEVEL_START_RETRIES``, default 2); the job's report lists the deaths as ``starting`` failures.
+It kills a process stopped for 2 s before the farm is set up or after the job is over (no
+lease watches it then).
 """
 
 from __future__ import annotations
@@ -181,14 +183,17 @@ _early: list[int] = []  # signals that came before mpiexec was started
 
 
 def _start_retries(args: list[str]) -> tuple[list[str], int]:
-    """Take ``--start-retries N`` out of ``args`` (else ``$NLEVEL_START_RETRIES``, else 2)."""
+    """Take ``--start-retries N`` out of the options before the command (else ``$NLEVEL_START_RETRIES``, else 2)."""
     text, where = os.environ.get(RETRIES, "2"), RETRIES
-    if "--start-retries" in args:
-        i = args.index("--start-retries")
-        if i + 1 >= len(args):
-            raise SystemExit("nlevel-mpiexec: error: --start-retries needs a count >= 0")
-        text, where = args[i + 1], "--start-retries"
-        args = args[:i] + args[i + 2 :]
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "--":
+        if args[i] == "--start-retries":
+            if i + 1 >= len(args):
+                raise SystemExit("nlevel-mpiexec: error: --start-retries needs a count >= 0")
+            text, where = args[i + 1], "--start-retries"
+            args = args[:i] + args[i + 2 :]
+            break
+        i += 3 if args[i] in _WITH_TWO_VALUES else 2 if args[i] in _WITH_VALUE else 1
     try:
         count = int(text)
     except ValueError:
@@ -347,15 +352,21 @@ def _run_forwarding_signals(cmd: list[str], env: dict[str, str], start_dir: str 
     watch = Watch() if start_dir is not None else None
     known: dict[int, int | None] = {}
     while True:
+        # (the start: every 0.05 s; the run: its marker directory only, every second; the end: every 0.25 s)
+        period = None if watch is None else 0.05 if not watch.over else 1.0 if watch.running and not watch.done else 0.25
         try:
-            code = proc.wait(timeout=None if watch is None or watch.running else 0.05)
+            code = proc.wait(timeout=period)
         except subprocess.TimeoutExpired:
             assert watch is not None and start_dir is not None
+            started, up, running, done = markers(start_dir)
+            if watch.running and not done:
+                continue
             alive, stopped = _ranks_of(proc.pid, known)
-            started, up, running = markers(start_dir)
-            for rank, pid in watch.stuck(stopped, bool(running), time.time()):
-                print(f"nlevel-mpiexec: rank {rank} (pid {pid}) has been stopped for {watch.stop_grace:g} s while the "
-                      f"job starts, where no lease watches it yet: killed, so that the others can go on",
+            for rank, pid in watch.stuck(stopped, bool(running), bool(done), time.time()):
+                when = ("after the job ended (every rank released), where no lease watches it any more: killed, "
+                        "so that the job can exit") if watch.done else \
+                    "while the job starts, where no lease watches it yet: killed, so that the others can go on"
+                print(f"nlevel-mpiexec: rank {rank} (pid {pid}) has been stopped for {watch.stop_grace:g} s {when}",
                       file=sys.stderr, flush=True)
                 try:
                     os.kill(pid, signal.SIGKILL)

@@ -55,7 +55,8 @@ def mark(stage: str, say: bool = False) -> None:
     """Leave ``<$NLEVEL_START_DIR>/<stage>-<rank>`` (once per stage; nothing outside the launcher).
 
     ``stage`` is ``"start"`` (nlevel imported; upgraded to ``"up"`` when MPI is already
-    initialised), ``"up"`` (MPI initialised) or ``"run"`` (the farm is set up). With ``say``
+    initialised), ``"up"`` (MPI initialised), ``"run"`` (the farm is set up) or ``"done"``
+    (the master released this rank: the job is over). With ``say``
     (one rank), a job the launcher started again says so on stderr.
     """
     gone = earlier_failures() if say else []
@@ -82,9 +83,9 @@ def mark(stage: str, say: bool = False) -> None:
         pass  # (the launcher has gone, or removed its directory: nothing to tell)
 
 
-def markers(where: str) -> tuple[set[int], set[int], set[int]]:
-    """Return the ranks with a ``start``, an ``up`` and a ``run`` file in ``where``."""
-    found: dict[str, set[int]] = {"start": set(), "up": set(), "run": set()}
+def markers(where: str) -> tuple[set[int], set[int], set[int], set[int]]:
+    """Return the ranks with a ``start``, an ``up``, a ``run`` and a ``done`` file in ``where``."""
+    found: dict[str, set[int]] = {"start": set(), "up": set(), "run": set(), "done": set()}
     try:
         names = os.listdir(where)
     except OSError:
@@ -93,7 +94,7 @@ def markers(where: str) -> tuple[set[int], set[int], set[int]]:
         stage, _, rank = name.partition("-")
         if rank.isdigit() and stage in found:
             found[stage].add(int(rank))
-    return found["start"], found["up"], found["run"]
+    return found["start"], found["up"], found["run"], found["done"]
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,10 @@ class Watch:
     A *stopped* process (SIGSTOP) hangs the start as surely, and no lease runs before the farm
     does: :meth:`stuck` names the ranks stopped for ``stop_grace`` seconds before any ``run``
     file (the farm set up), for the launcher to kill. Before MPI is up that death then stops
-    the start as above; after, the farm's set-up survives it under ULFM like any death.
+    the start as above; after, the farm's set-up survives it under ULFM like any death. The
+    same holds once a rank has left its ``done`` file: the job is over, no lease runs any
+    more, and a process stopped then (the master, say, between its report and its exit)
+    would keep ``mpiexec`` waiting for ever.
     """
 
     grace: float = 0.5
@@ -136,7 +140,8 @@ class Watch:
     since: float | None = None  # when a death was first seen (while the start was not over)
     first: int | None = None  # the rank seen dead then
     over: bool = False  # MPI is up: deaths are the farm's to survive
-    running: bool = False  # the farm is set up: stops are its leases' to catch
+    running: bool = False  # the farm is set up: stops are its leases' to catch ...
+    done: bool = False  # ... until the job is over
     stopped_since: dict[int, float] = field(default_factory=dict)
     killed: set[int] = field(default_factory=set)  # ranks killed by the launcher for being stopped
     gone: set[int] = field(default_factory=set)  # every rank seen dead
@@ -160,14 +165,17 @@ class Watch:
             return None
         return self._verdict(exited_pids)
 
-    def stuck(self, stopped: Mapping[int, int], running: bool, now: float) -> list[tuple[int, int]]:
-        """Return (rank, pid) of each rank stopped for ``stop_grace`` seconds while the farm is not yet set up.
+    def stuck(self, stopped: Mapping[int, int], running: bool, done: bool, now: float) -> list[tuple[int, int]]:
+        """Return (rank, pid) of each rank stopped for ``stop_grace`` seconds before the farm is set up or after it ended.
 
         ``stopped`` maps the ranks in the stopped state to their pids; ``running``: some rank
-        has left its ``run`` file. Each rank is named once (it is to be killed).
+        has left its ``run`` file; ``done``: some rank its ``done`` file. Each rank is named
+        once (it is to be killed).
         """
         self.running = self.running or running
-        if self.running:
+        self.done = self.done or done
+        if self.running and not self.done:
+            self.stopped_since.clear()
             return []
         for rank in list(self.stopped_since):
             if rank not in stopped:

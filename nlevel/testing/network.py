@@ -321,6 +321,7 @@ class Network:
                 rows, stats = ready
                 self.report = {"rows": rows, "failures": stats["failures"], "master": master}
                 self.loops[master].perform(stations[master].release(0, self.report))
+                self.loops[master].perform(stations[master].release_deputy())  # (its end is instant here)
                 return True
         if not pool and not live and not runnable and not noticed:
             return False

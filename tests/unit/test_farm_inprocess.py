@@ -179,6 +179,24 @@ def test_the_master_and_its_deputy_hung_together_are_killed_in_turn_not_a_hang(p
     assert out.dead == {0, 1}
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_master_hung_after_releasing_everyone_is_killed_by_the_deputy_it_has_not_released(seed):
+    """Issue 14 (the soak's last hang): the master stopped between its Releases and its own end."""
+    config = Config(levels=2, fault_tolerance="on", lease_min=0.5)
+    total = 200
+    net = Network(6, Plan(2), total, seed, config=config)
+
+    def hang_instead() -> list:
+        net.hang(0)  # (SIGSTOP while it writes the report: it never sends the deputy's release)
+        return []
+
+    net.stations[0].release_deputy = hang_instead  # type: ignore[method-assign]
+    out = net.run()
+    assert out.kills == [(0, "was silent past its lease as the master (hung)")]
+    assert out.ledger.complete() and all(n == 1 for n in out.executed.values())
+    assert all(net.stations[r].released is not None for r in net.live())
+
+
 @settings(max_examples=80, deadline=None)
 @given(case=st.sampled_from(KILL_PLANS), seed=st.integers(0, 10**6),
        kills=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 15)), max_size=3))

@@ -78,10 +78,11 @@ def test_markers_and_mark(tmp_path, monkeypatch):
     startwatch.mark("up")
     startwatch.mark("up")
     (tmp_path / "12345").write_text("2\n")  # (an exit status: not a marker)
-    assert startwatch.markers(str(tmp_path)) == ({3}, {3}, set())
+    assert startwatch.markers(str(tmp_path)) == ({3}, {3}, set(), set())
     startwatch.mark("run")
-    assert startwatch.markers(str(tmp_path))[2] == {3}
-    assert startwatch.markers(str(tmp_path / "gone")) == (set(), set(), set())
+    startwatch.mark("done")
+    assert startwatch.markers(str(tmp_path))[2:] == ({3}, {3})
+    assert startwatch.markers(str(tmp_path / "gone")) == (set(), set(), set(), set())
 
 
 def test_a_rank_that_initialised_mpi_before_importing_nlevel_is_up_at_once(tmp_path, monkeypatch):
@@ -95,7 +96,7 @@ def test_a_rank_that_initialised_mpi_before_importing_nlevel_is_up_at_once(tmp_p
     monkeypatch.setattr(startwatch, "_marked", set())
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", MPI)
     startwatch.mark("start")
-    assert startwatch.markers(str(tmp_path)) == (set(), {0}, set())
+    assert startwatch.markers(str(tmp_path)) == (set(), {0}, set(), set())
 
 
 def test_a_restarted_job_says_so_once(monkeypatch, capsys, tmp_path):
@@ -119,21 +120,23 @@ def test_mark_does_nothing_outside_the_launcher(tmp_path, monkeypatch):
 
 def test_a_rank_stopped_during_the_start_is_named_once_after_the_grace():
     w = Watch(grace=0.5, stop_grace=2.0)
-    assert w.stuck({1: 101}, False, 0.0) == []
-    assert w.stuck({}, False, 1.0) == []  # continued: its clock starts over
-    assert w.stuck({1: 101}, False, 1.5) == []
-    assert w.stuck({1: 101}, False, 3.6) == [(1, 101)]
-    assert w.stuck({1: 101}, False, 9.0) == []  # (named once)
+    assert w.stuck({1: 101}, False, False, 0.0) == []
+    assert w.stuck({}, False, False, 1.0) == []  # continued: its clock starts over
+    assert w.stuck({1: 101}, False, False, 1.5) == []
+    assert w.stuck({1: 101}, False, False, 3.6) == [(1, 101)]
+    assert w.stuck({1: 101}, False, False, 9.0) == []  # (named once)
     w.observe(ALL, {0, 1, 2}, set(), set(), 9.0)
     w.observe({0: 100, 2: 102}, {0, 1, 2}, set(), set(), 9.1)
     v = w.observe({0: 100, 2: 102}, {0, 1, 2}, set(), set(), 9.7)
     assert v is not None and v.how == "stopped"
 
 
-def test_stops_after_the_farm_is_set_up_are_the_leases_business():
-    w = Watch(stop_grace=0.0)
-    assert w.stuck({1: 101}, True, 0.0) == [] and w.running
-    assert w.stuck({1: 101}, False, 5.0) == []
+def test_stops_while_the_farm_runs_are_the_leases_business_and_after_its_end_the_launchers():
+    w = Watch(stop_grace=2.0)
+    assert w.stuck({1: 101}, True, False, 0.0) == [] and w.running
+    assert w.stuck({1: 101}, False, False, 5.0) == []
+    assert w.stuck({0: 100}, True, True, 6.0) == []  # (the master stopped after its last work: the job is over)
+    assert w.stuck({0: 100}, True, False, 8.5) == [(0, 100)] and w.done
 
 
 def test_earlier_failures_become_starting_records(monkeypatch):
@@ -162,3 +165,7 @@ def test_start_retries_is_taken_out_of_the_mpiexec_options(monkeypatch):
     monkeypatch.delenv(startwatch.RETRIES, raising=False)
     assert launch._start_retries(["--start-retries", "0", "-n", "2", "app"]) == (["-n", "2", "app"], 0)
     assert launch._start_retries(["-n", "2", "app"]) == (["-n", "2", "app"], 2)
+    assert launch._start_retries(["-n", "2", "--mca", "btl", "self", "--start-retries", "1", "app"]) == \
+        (["-n", "2", "--mca", "btl", "self", "app"], 1)
+    # (the user's own script may have an option of that name: not the launcher's)
+    assert launch._start_retries(["-n", "2", "app", "--start-retries", "7"]) == (["-n", "2", "app", "--start-retries", "7"], 2)
