@@ -21,8 +21,10 @@ recovery is a whole new start, seconds). ``--phases start`` draws only such tria
 A trial still running after ``--timeout`` seconds is a hang: the harness kills the whole
 job. Then it checks, from the checkpoint (h5py) and the exec logs: ids lost, ids whose
 result is recorded twice in the checkpoint (double commits), re-runs against the bound
-(ids the dead held, ``failures[].held``); and from the report: recovery time by the role
-that died. ``--quick`` runs 4 fixed short trials (one per kind of death but ``exit``, none at set-up), for
+(ids the dead held, ``failures[].held``) and re-runs outside the blast radius of the dead
+(from outside: the victims; a task's death: the rank the report names); and from the report:
+recovery time by the role that died, and kills it does not list (a kill that lands after the
+master released every rank, ``released_at``, is counted apart: the job was over). ``--quick`` runs 4 fixed short trials (one per kind of death but ``exit``, none at set-up), for
 the end-to-end test. Writes every trial as JSON (with :func:`provenance.record`) and prints
 a Markdown table (``--markdown FILE`` also writes it).
 
@@ -131,6 +133,13 @@ def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dic
     a = inject.audit(args.n, [logs], ck, res.report, res.kills, t["size"], plan)
     a["recomputed_in_report"] = a.pop("re_reported")  # the ledger's count of ids reported twice
     rep = res.report or {}
+    if t["signal"] is None:  # a task's death: no kill from outside; the report names the rank that died
+        radius = inject.blast_radius(t["size"], plan, [f["rank"] for f in rep.get("failures") or []])
+        a["re_executed_elsewhere"] = sorted(i for i, r in inject.executions([logs]).items()
+                                            if len(r) > 1 and not radius & set(r))
+    released = rep.get("released_at")  # a kill after the master released every rank is not the job's to report
+    a["after_release"] = sorted(k.rank for k in res.kills if released is not None and k.time > released)
+    a["unreported"] = sorted(set(a["unreported"]) - set(a["after_release"]))
     out = {"trial": k, **t, "returncode": res.returncode, "hung": res.hung, "wall_s": res.wall,
            "kill_to_end_s": res.ended_at - res.kills[0].time if res.kills else None,
            "leftover": res.leftover, "kills": [vars(x) for x in res.kills], "audit": a,
@@ -174,6 +183,7 @@ def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
         "re_executed_elsewhere": sum(len(t["audit"]["re_executed_elsewhere"]) for t in landed),
         "leftover_ranks": sum(len(t["leftover"]) for t in landed),
         "unreported_kills": sum(len(t["audit"]["unreported"]) for t in landed),
+        "kills_after_release": sum(len(t["audit"].get("after_release", [])) for t in landed),
     }
     rows: dict[str, dict[str, list[float]]] = {}
     for t in landed:

@@ -536,7 +536,7 @@ class FarmRuntime:
         else:
             code = 1
         self.loop.perform(st.release(code, {"complete": complete, "failed": failed}))
-        self._released_all, self._closing = True, error
+        self._released_all, self._closing, self.released_at = True, error, time.time()
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
         st = self.station
@@ -546,7 +546,7 @@ class FarmRuntime:
             failures=start_records(self.started) + sorted(  # (deaths before MPI was up first)
                 (f for f in totals["failures"] if not f["how"].startswith("drained")), key=lambda f: f["detected_at"]),
         )
-        report["setup_s"] = self.setup_s
+        report["setup_s"], report["released_at"] = self.setup_s, self.released_at  # (unix s: the end)
         if self.setup_deaths:  # (ranks of the user's communicator; the farm's own were renumbered after them)
             report["failures"] = self.setup_deaths + report["failures"]
             report["user_ranks"] = user_ranks(self.t.comm, self.user_comm)
