@@ -16,7 +16,7 @@ Two kinds of generated text, never typed by hand:
 
   Renderers: ``suite`` (``bench/suite.py``'s table), ``peers`` (the same file, condensed to
   one row per system at the process counts that were not oversubscribed), ``compare`` (``bench/compare.py``),
-  ``soak`` (``bench/soak.py``), ``rollback`` (``bench/rollback.py``), ``sim``
+  ``soak`` (``bench/soak.py``; ``soak_summary``: its first table), ``rollback`` (``bench/rollback.py``), ``sim``
   (``bench/sim_points.py``). Each table ends with the file it came from, the command that
   made it and the commit, or says plainly that the file does not record them.
 
@@ -208,27 +208,44 @@ def render_compare(results: Results) -> list[str]:
     ]
 
 
+_SOAK_TARGETS = {"slave": "10 ms", "region-master": "50 ms", "master": "100 ms"}  # (issue 14: recovery p99)
+
+
 def render_soak(results: Results) -> list[str]:
-    """``bench/soak.py``: what randomized kills did to the job, and recovery by role."""
+    """``bench/soak.py``: what randomized deaths did to the job, and recovery by role against the targets."""
     out: list[str] = []
     for path, d in results:
         s, a = d.get("summary", {}), d.get("args", {})
         out += [f"`{path}`:", ""] if len(results) > 1 else []
-        out += table(["trials", "kills landed", "completed", "hangs", "ids lost", "double commits", "re-executed"],
-                     [[str(s.get(k, "–")) for k in ("trials", "kills_landed", "completed", "hangs", "lost_ids",
-                                                     "double_commits", "re_executed")]])
+        kinds = ", ".join(f"{k} {v}" for k, v in (s.get("by_kind") or {}).items() if v)
+        out += table(["trials", "deaths landed", "completed", "hangs", "non-zero exits", "ids lost", "double commits",
+                      "re-runs (bound)", "re-runs outside the dead's subtrees", "deaths the report misses"],
+                     [[str(s.get("trials", "–")), f"{s.get('kills_landed', '–')} ({kinds})" if kinds else
+                       str(s.get("kills_landed", "–")), str(s.get("completed", "–")), str(s.get("hangs", "–")),
+                       str(s.get("failed_exit", "–")), str(s.get("lost_ids", "–")), str(s.get("double_commits", "–")),
+                       f"{s.get('re_executed', '–')} ({s.get('bound', '–')})", str(s.get("re_executed_elsewhere", "–")),
+                       str(s.get("unreported_kills", "–"))
+                       + (f" (+{s['kills_after_release']} after the release)" if s.get("kills_after_release") else "")]])
         out.append("")
         roles = s.get("per_role", {})
         if roles:
-            out += table(["role / signal", "kills", "matched", "detect p50 / p99 (ms)", "recovery p50 / p99 (ms)"],
+            out += table(["role / death", "deaths", "with a report record", "detect p50 / p99 (ms)",
+                          "recovery p50 / p99 (ms)", "target p99"],
                          [[k, str(v.get("kills", "–")), str(v.get("matched", "–")),
                            f"{_num(v.get('detect_p50'), '.1f')} / {_num(v.get('detect_p99'), '.1f')}",
-                           f"{_num(v.get('recovery_p50'), '.1f')} / {_num(v.get('recovery_p99'), '.1f')}"]
+                           f"{_num(v.get('recovery_p50'), '.1f')} / {_num(v.get('recovery_p99'), '.1f')}",
+                           _SOAK_TARGETS.get(k.split("/")[0].removeprefix("new "), "–")]
                           for k, v in sorted(roles.items())])
             out.append("")
         out += [f"{a.get('n', '?')} tasks of {a.get('sleep_ms', '?')} ms, --ft {a.get('ft', '?')}, "
                 f"seed {a.get('seed', '?')}.", ""]
     return out
+
+
+def render_soak_summary(results: Results) -> list[str]:
+    """``bench/soak.py``, the first table only (the README's)."""
+    out = render_soak(results)
+    return out[:out.index("")] if "" in out else out
 
 
 def render_rollback(results: Results) -> list[str]:
@@ -290,6 +307,7 @@ def render_model_real(results: Results) -> list[str]:
 
 
 RENDERERS: dict[str, Callable[[Results], list[str]]] = {
+    "soak_summary": render_soak_summary,
     "suite": render_suite,
     "peers": render_peers,
     "compare": render_compare,
