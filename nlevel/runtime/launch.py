@@ -43,7 +43,7 @@ from typing import Sequence
 from .machine import usable_cores
 from .startwatch import FAILURES, RETRIES, START_DIR, Verdict, Watch, markers
 
-__all__ = ["main", "build_command", "record_exit", "EXIT_DIR"]
+__all__ = ["main", "build_command", "record_exit", "remove_stale_sessions", "EXIT_DIR"]
 
 #: The environment variable naming the directory where ranks leave non-zero exit statuses.
 EXIT_DIR = "NLEVEL_EXIT_DIR"
@@ -182,6 +182,39 @@ _FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 _early: list[int] = []  # signals that came before mpiexec was started
 
 
+def remove_stale_sessions(where: str | None = None) -> list[str]:
+    """Remove this user's Open MPI session directories (``ompi.<pid>``) whose ``mpiexec`` no longer runs.
+
+    A ``prterun`` killed with SIGKILL leaves ``$TMPDIR/ompi.<pid>`` behind; when a later
+    ``prterun`` gets the same pid (pids wrap at ``pid_max``, 32,768 here) its PMIx server
+    finds the old sockets and stops: "The PMIx server's listener thread failed to start"
+    (seen in this project's CI after fault tests). Returns the directories removed.
+    """
+    import tempfile
+
+    where = where or tempfile.gettempdir()
+    removed: list[str] = []
+    if not os.path.isdir("/proc"):
+        return removed  # (no way to tell a live mpiexec from a dead one)
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return removed
+    for name in names:
+        prefix, _, pid = name.partition(".")
+        path = os.path.join(where, name)
+        if prefix != "ompi" or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 def _start_retries(args: list[str]) -> tuple[list[str], int]:
     """Take ``--start-retries N`` out of the options before the command (else ``$NLEVEL_START_RETRIES``, else 2)."""
     text, where = os.environ.get(RETRIES, "2"), RETRIES
@@ -214,11 +247,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__doc__)
         print("usage: nlevel-mpiexec [--dry-run] [--start-retries N] [-n N] [mpiexec options] COMMAND [ARGS...]")
         return 0
-    args, retries = _start_retries(args)
     try:
+        args, retries = _start_retries(args)
         cmd, env = build_command(args)
     except FileNotFoundError as exc:
         print(f"nlevel-mpiexec: error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # (a bad option: its one line, and the usual status of bad input)
+        if not isinstance(exc.code, str):
+            raise
+        print(exc.code, file=sys.stderr)
         return 2
     full_env = {**os.environ, **env}
     # Ranks see a pseudo-terminal under Open MPI either way: tell them what the user sees.
@@ -228,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if dry:
         print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
         return 0
+    remove_stale_sessions()
     if env.get(_NON_ZERO) != "0":
         return _run_forwarding_signals(cmd, full_env)[0]
     import tempfile
@@ -334,7 +373,8 @@ def _run_forwarding_signals(cmd: list[str], env: dict[str, str], start_dir: str 
 
     A batch script's ``kill -USR1 $launcher`` must reach the job, not kill this wrapper.
     With ``start_dir``, watch the start (:class:`.startwatch.Watch`) every 0.05 s until the
-    farm is set up: a rank stopped meanwhile is killed, a verdict stops the job. Returns (exit status, the verdict or None).
+    farm is set up, and the end once a rank is released: a rank of nlevel's stopped then is
+    killed; a verdict stops the job. Returns (exit status, the verdict or None).
     """
     proc = subprocess.Popen(cmd, env=env)
 
@@ -362,6 +402,8 @@ def _run_forwarding_signals(cmd: list[str], env: dict[str, str], start_dir: str 
             if watch.running and not done:
                 continue
             alive, stopped = _ranks_of(proc.pid, known)
+            if not (started or up or running):
+                stopped = {}  # (no rank has said it is nlevel's: another program's stopped process is its own business)
             for rank, pid in watch.stuck(stopped, bool(running), bool(done), time.time()):
                 when = ("after the job ended (every rank released), where no lease watches it any more: killed, "
                         "so that the job can exit") if watch.done else \

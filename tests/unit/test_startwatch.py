@@ -8,6 +8,8 @@ import pytest
 from nlevel.runtime import launch, startwatch
 from nlevel.runtime.startwatch import Watch
 
+from .test_launch import restore_signals  # noqa: F401  (main() installs signal handlers: put pytest's back)
+
 ALL = {0: 100, 1: 101, 2: 102}
 
 
@@ -169,3 +171,22 @@ def test_start_retries_is_taken_out_of_the_mpiexec_options(monkeypatch):
         (["-n", "2", "--mca", "btl", "self", "app"], 1)
     # (the user's own script may have an option of that name: not the launcher's)
     assert launch._start_retries(["-n", "2", "app", "--start-retries", "7"]) == (["-n", "2", "app", "--start-retries", "7"], 2)
+
+
+def test_a_bad_start_retries_is_one_line_and_exit_2(monkeypatch, capsys, restore_signals):
+    monkeypatch.delenv(startwatch.RETRIES, raising=False)
+    assert launch.main(["--start-retries", "-3", "-n", "2", "python", "app.py"]) == 2
+    assert capsys.readouterr().err == "nlevel-mpiexec: error: --start-retries must be a whole number >= 0, got '-3'\n"
+
+
+def test_stale_open_mpi_sessions_are_removed_and_live_ones_kept(tmp_path):
+    import os
+
+    dead = 4_000_000  # (above any pid_max: no such process)
+    (tmp_path / f"ompi.{dead}" / "1").mkdir(parents=True)
+    (tmp_path / f"ompi.{dead}" / f"pmix.vm.tool.{dead}").write_text("x")
+    (tmp_path / f"ompi.{os.getpid()}").mkdir()  # a live one
+    (tmp_path / "ompi.vm.0").mkdir()  # not a pid: not ours to judge
+    (tmp_path / "other.123").mkdir()
+    assert launch.remove_stale_sessions(str(tmp_path)) == [str(tmp_path / f"ompi.{dead}")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"ompi.{os.getpid()}", "ompi.vm.0", "other.123"])
