@@ -130,13 +130,11 @@ def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dic
                      ft=None if args.ft == "none" else args.ft, cwd=d, env=env,
                      checkpoint="run.h5", report="r.json", timeout=args.timeout)
     ck = os.path.join(d, "run.h5")
-    a = inject.audit(args.n, [logs], ck, res.report, res.kills, t["size"], plan)
-    a["recomputed_in_report"] = a.pop("re_reported")  # the ledger's count of ids reported twice
     rep = res.report or {}
-    if t["signal"] is None:  # a task's death: no kill from outside; the report names the rank that died
-        radius = inject.blast_radius(t["size"], plan, [f["rank"] for f in rep.get("failures") or []])
-        a["re_executed_elsewhere"] = sorted(i for i, r in inject.executions([logs]).items()
-                                            if len(r) > 1 and not radius & set(r))
+    # (a task's death: no kill from outside; the report names the rank that died)
+    task_dead = [f["rank"] for f in rep.get("failures") or []] if t["signal"] is None else []
+    a = inject.audit(args.n, [logs], ck, res.report, res.kills, t["size"], plan, also_dead=task_dead)
+    a["recomputed_in_report"] = a.pop("re_reported")  # the ledger's count of ids reported twice
     released = rep.get("released_at")  # a kill after the master released every rank is not the job's to report
     a["after_release"] = sorted(k.rank for k in res.kills if released is not None and k.time > released)
     a["unreported"] = sorted(set(a["unreported"]) - set(a["after_release"]))

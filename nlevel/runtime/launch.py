@@ -41,7 +41,7 @@ import time
 from typing import Sequence
 
 from .machine import usable_cores
-from .startwatch import FAILURES, RETRIES, START_DIR, Verdict, Watch, markers
+from .startwatch import FAILURES, RETRIES, START_DIR, Verdict, Watch, markers, said
 
 __all__ = ["main", "build_command", "record_exit", "remove_stale_sessions", "EXIT_DIR"]
 
@@ -295,10 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return status
             failures.extend(verdict.to_records(attempt))
             again = attempt <= retries
-            what = "was stopped (and killed)" if verdict.how == "stopped" else "died"
-            more = "".join(f", rank {r} (pid {p}) {'was stopped (and killed)' if h == 'stopped' else h}"
-                           for r, p, h in verdict.others)
-            print(f"nlevel-mpiexec: rank {verdict.rank} (pid {verdict.pid}) {what}{more} before MPI was up; under --with-ft "
+            lost = ", ".join(f"rank {r} (pid {p}) {said(h)}"
+                             for r, p, h in ((verdict.rank, verdict.pid, verdict.how), *verdict.others))
+            print(f"nlevel-mpiexec: {lost} before MPI was up; under --with-ft "
                   f"Open MPI's start waits for it for ever, and nothing has run yet: "
                   + (f"starting the job again (attempt {attempt + 1} of {retries + 1})" if again else
                      f"giving up after {attempt} attempt(s) (--start-retries {retries}); the checkpoint is "
@@ -311,6 +310,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(where, ignore_errors=True)
 
 
+def _children(parent: int) -> list[str]:
+    """The pids of ``parent``'s child processes (``/proc/PID/task/*/children``; else every pid, filtered by the caller)."""
+    try:
+        kids: list[str] = []
+        for tid in os.listdir(f"/proc/{parent}/task"):
+            with open(f"/proc/{parent}/task/{tid}/children") as f:
+                kids += f.read().split()
+        return kids
+    except OSError:  # (a kernel without CONFIG_PROC_CHILDREN, or the process is gone)
+        return [name for name in os.listdir("/proc") if name.isdigit()]
+
+
 def _ranks_of(parent: int, known: dict[int, int | None]) -> tuple[dict[int, int], dict[int, int]]:
     """Return ({rank: pid} of ``parent``'s live child processes that are MPI ranks, {rank: pid} of the stopped ones).
 
@@ -318,9 +329,7 @@ def _ranks_of(parent: int, known: dict[int, int | None]) -> tuple[dict[int, int]
     """
     alive: dict[int, int] = {}
     stopped: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+    for name in _children(parent):
         try:
             with open(f"/proc/{name}/stat") as f:
                 stat = f.read()

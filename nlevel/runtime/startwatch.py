@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["START_DIR", "FAILURES", "RETRIES", "mark", "markers", "Verdict", "Watch", "earlier_failures", "start_records"]
+__all__ = ["START_DIR", "FAILURES", "RETRIES", "mark", "markers", "Verdict", "Watch", "earlier_failures", "start_records", "said"]
 
 #: The directory where ranks leave their ``start-R`` / ``up-R`` files (set by ``nlevel-mpiexec``).
 START_DIR = "NLEVEL_START_DIR"
@@ -95,6 +95,11 @@ def markers(where: str) -> tuple[set[int], set[int], set[int], set[int]]:
         if rank.isdigit() and stage in found:
             found[stage].add(int(rank))
     return found["start"], found["up"], found["run"], found["done"]
+
+
+def said(how: str) -> str:
+    """How a rank was lost before MPI was up (a :attr:`Verdict.how`), as the messages say it."""
+    return {"exited": "exited", "stopped": "was stopped (and killed)"}.get(how, "died")
 
 
 @dataclass(frozen=True)
@@ -231,9 +236,8 @@ def start_records(up_at: float, env: Mapping[str, str] | None = None) -> list[di
     out = []
     for f in earlier_failures(env):
         seen = float(f.get("detected_at") or up_at)
-        how = {"exited": "exited", "stopped": "was stopped (then killed)"}.get(str(f.get("how")), "died")
         out.append({"rank": f["rank"], "role": "starting", "level": -1,
-                    "how": f"{how} before MPI was up (pid {f.get('pid')}); nlevel-mpiexec started the job again",
+                    "how": f"{said(str(f.get('how')))} before MPI was up (pid {f.get('pid')}); nlevel-mpiexec started the job again",
                     "detected_by": -1, "detected_at": seen, "recovered_at": up_at,
                     "recovery_ms": max(0.0, up_at - seen) * 1e3, "silent_ms": None, "held": 0, "requeued": 0,
                     "attempt": f.get("attempt")})

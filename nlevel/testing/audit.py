@@ -90,7 +90,8 @@ def blast_radius(size: int, plan: Plan, victims: Sequence[int]) -> set[int]:
 
 def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
           checkpoint: str | os.PathLike[str], report: dict[str, Any] | None,
-          kills: Sequence[Kill], size: int | None = None, plan: Plan | None = None) -> dict[str, Any]:
+          kills: Sequence[Kill], size: int | None = None, plan: Plan | None = None,
+          also_dead: Sequence[int] = ()) -> dict[str, Any]:
     """Check a finished run against the promise, from outside the library.
 
     Args:
@@ -101,6 +102,8 @@ def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
         kills: the kills made.
         size, plan: the job's; when given, an id may run twice on any rank below a dead
             server (see :func:`blast_radius`), else only if one run was on a killed rank.
+        also_dead: ranks that died without a kill from outside (a task's ``os._exit``, its
+            time limit): as the report names them; they widen the radius like the killed.
 
     Returns:
         A dict: ``lost`` (ids not committed in the checkpoint), ``double_commits`` (ids
@@ -121,7 +124,8 @@ def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
         done, readable = set(), False
     runs = executions(log_dirs)
     dead = {k.rank for k in kills}
-    radius = blast_radius(size, plan, [k.rank for k in kills]) if size and plan else dead
+    victims = [k.rank for k in kills] + list(also_dead)
+    radius = blast_radius(size, plan, victims) if size and plan else set(victims)
     reports = (report or {}).get("failures") or []
     held = [f.get("held") for f in reports]
     bound = sum(int(h if isinstance(h, int) else len(h)) for h in held) \

@@ -182,7 +182,7 @@ def test_a_bad_start_retries_is_one_line_and_exit_2(monkeypatch, capsys, restore
 def test_stale_open_mpi_sessions_are_removed_and_live_ones_kept(tmp_path):
     import os
 
-    dead = 4_000_000  # (above any pid_max: no such process)
+    dead = 2**22 + 1  # (above any pid_max, at most 2**22 on Linux: no such process)
     (tmp_path / f"ompi.{dead}" / "1").mkdir(parents=True)
     (tmp_path / f"ompi.{dead}" / f"pmix.vm.tool.{dead}").write_text("x")
     (tmp_path / f"ompi.{os.getpid()}").mkdir()  # a live one
