@@ -186,10 +186,17 @@ class Closing(StationCore):
         """The master, once every live rank has ended: (every rank's row, the merged statistics); else None."""
         return self.end_payload() if self.all_ended() else None
 
-    def end_payload(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def end_payload(self, partial: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """Every rank's row (by rank) and the merged statistics, from the Endings in (the master;
-        also after the release, which need not wait for the merge)."""
-        rows, stats = self._payload(self._live_children())
+        also after the release, which need not wait for the merge).
+
+        ``partial``: only the Endings this rank has (a deputy that finished the release of a
+        master that died: the others' Endings went to the dead).
+        """
+        children = self._live_children()
+        if partial:
+            children = [c for c in children if c in self.endings]
+        rows, stats = self._payload(children)
         return sorted(rows, key=lambda r: r["rank"]), stats
 
     def release(self, code: int, report: dict[str, Any] | None) -> list[Effect]:

@@ -36,12 +36,13 @@ from ..roles.region import Region
 from . import checkpoint as ckpt
 from . import control, machine, signals, window
 from .backoff import Backoff
+from .identity import identity
 from .rank import MpiPort, Runner, clock
 from .startwatch import mark, start_records
 from .report import build_report, failed_tasks, merge_stats, timeline
 from .transport import MpiError, Transport, agree, kill_self, revoke, setup_recovery, shrink, user_ranks, world
 
-__all__ = ["FarmRuntime", "default_app", "identity"]
+__all__ = ["FarmRuntime"]
 
 
 
@@ -54,33 +55,6 @@ def _layout(config: Config | None) -> tuple[tuple[int, int], bool]:
         cfg = Config()  # (rank 0 tells every rank what is wrong with the settings)
     n = cfg.board_slots
     return (n, max(16, n // 8)), cfg.grants == "two-sided"
-
-
-def default_app() -> str:
-    """The main script's file name (the run's identity when the app does not give one)."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    return os.path.basename(path) if path else "<interactive>"
-
-
-def identity(fingerprint: Any) -> tuple[str, dict[str, Any]]:
-    """``(app, params)`` of a run from the ``fingerprint`` a user gave (see :class:`~nlevel.api.Farm`).
-
-    None: the script's file name and no parameters; a string: that app name; a dict: its
-    ``"app"`` (default: the script's file name) and the rest as parameters.
-
-    Raises:
-        ConfigError: for anything else, naming it.
-    """
-    if fingerprint is None:
-        return default_app(), {}
-    if isinstance(fingerprint, str):
-        return fingerprint, {}
-    if isinstance(fingerprint, dict):
-        params = {str(k): v for k, v in fingerprint.items() if k != "app"}
-        return str(fingerprint.get("app", default_app())), params
-    raise ConfigError(f"fingerprint must be None, a name or a dict of the parameters that define the tasks, "
-                      f"got {fingerprint!r} ({type(fingerprint).__name__})")
 
 
 def _check_total(total: Any) -> str | None:
@@ -470,11 +444,21 @@ class FarmRuntime:
                 self.exit_code = int(released.code)
         self.released_code = int(released.code)
         error: BaseException | None = self.port.checkpoint_error
-        if self._released_all:  # the master: the report, once every rank is free to go
+        # The master died after releasing some ranks (its final checkpoint written first): its
+        # deputy released the rest and writes the report, from what it has (the dead master's
+        # recoveries were mirrored to it; every dead rank is listed; the others' rows are lost).
+        successor = not self._released_all and st.is_master and t.ft
+        if successor:
+            self.released_at = time.time()
+        if self._released_all or successor:  # the master: the report, once every rank is free to go
             error = self._closing
-            rows, totals = st.end_payload()
+            rows, totals = st.end_payload(partial=successor)
             assert st.ledger is not None
             self.report = self._report(rows, totals, st.ledger)
+            if successor:
+                self.report["written_by"] = {
+                    "rank": st.rank, "why": "the master died after releasing the job; its deputy finished the "
+                    "release and wrote this report (the other ranks' statistics were lost with the master)"}
             if error is not None:
                 self.report["checkpoint_error"] = str(error)
         if self.recorder is not None:
@@ -538,8 +522,21 @@ class FarmRuntime:
         self.loop.perform(st.release(code, {"complete": complete, "failed": failed}))
         self._released_all, self._closing, self.released_at = True, error, time.time()
 
+    def _left_after_release(self) -> set[int]:
+        """A deputy that finished a dead master's release: the ranks the master had released (they
+        exited, which ULFM tells it as deaths; they are not failures). Empty elsewhere."""
+        st, pending = self.station, self.station.pending_release
+        if self._released_all or pending is None:
+            return set()
+        before = set(pending.failed)
+        master = {f.rank for f in st.failures if f.role == "master" and f.rank not in before}
+        return set(st.failed) - before - master
+
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
         st = self.station
+        left = self._left_after_release()
+        if left:
+            totals = {**totals, "failures": [f for f in totals["failures"] if f["rank"] not in left]}
         report = build_report(
             config=self.config, hierarchy=st.hierarchy, rows=rows, totals=totals, ledger=ledger,
             started=self.started, wall=clock() - self.t0, checkpoint=self.checkpoint, writer=self.port.writer,
@@ -552,7 +549,7 @@ class FarmRuntime:
             report["user_ranks"] = user_ranks(self.t.comm, self.user_comm)
         # (drained ranks leave by dying under ULFM: their records are left out of the failures)
         recorded = {f["rank"] for f in totals["failures"]} | set(st.drained)
-        lost = sorted(set(st.failed) - recorded)
+        lost = sorted(set(st.failed) - recorded - left)
         first = build(self.size, st.plans[0]) if lost else None
         for r in lost:
             assert first is not None
@@ -563,7 +560,7 @@ class FarmRuntime:
                 "that made it (which died too)", -1, 0.0, 0).to_dict() | {"detected_at": None})
         report["grants"] = self.boards.kind
         report["costs_from"] = self.costs_from  # (where the model's costs came from: calibration, settings)
-        report["dead_ranks"] = sorted(st.failed)
+        report["dead_ranks"] = sorted(set(st.failed) - left)
         report["timeline"] = timeline(totals.get("timeline", {}), TIMELINE_BIN)
         report["drained"] = [{"rank": r, "requested_at": t0} for r, t0 in sorted(st.drained.items())]
         report["plan_history"] = [p.to_dict() for p in st.plans]

@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 
-__all__ = ["covers", "differences", "fingerprint", "identity_error", "start_over"]
+__all__ = ["covers", "default_app", "differences", "fingerprint", "identity", "identity_error", "start_over"]
 
 
 def fingerprint(app: str, params: dict[str, Any]) -> tuple[str, str]:
@@ -107,3 +108,30 @@ def identity_error(path: Path, stored_source: str, run_source: str) -> Checkpoin
         {"run": keep.format(where="the APP's fingerprint(options)") + f"; {start_over(path)['run']}",
          "script": keep.format(where="fingerprint= of Farm/get_task_id") + f"; {start_over(path)['script']}"},
     )
+
+
+def default_app() -> str:
+    """The main script's file name (the run's identity when the app does not give one)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return os.path.basename(path) if path else "<interactive>"
+
+
+def identity(fingerprint: Any) -> tuple[str, dict[str, Any]]:
+    """``(app, params)`` of a run from the ``fingerprint`` a user gave (see :class:`~nlevel.api.Farm`).
+
+    None: the script's file name and no parameters; a string: that app name; a dict: its
+    ``"app"`` (default: the script's file name) and the rest as parameters.
+
+    Raises:
+        ConfigError: for anything else, naming it.
+    """
+    if fingerprint is None:
+        return default_app(), {}
+    if isinstance(fingerprint, str):
+        return fingerprint, {}
+    if isinstance(fingerprint, dict):
+        params = {str(k): v for k, v in fingerprint.items() if k != "app"}
+        return str(fingerprint.get("app", default_app())), params
+    raise ConfigError(f"fingerprint must be None, a name or a dict of the parameters that define the tasks, "
+                      f"got {fingerprint!r} ({type(fingerprint).__name__})")

@@ -24,6 +24,8 @@ def add_arguments(parser):
     parser.add_argument("--die-after", type=int, default=10)
     parser.add_argument("--die-in-setup", choices=["options", "dup", "window", "places"], default=None,
                         help="instead: rank --die-rank is SIGKILLed when the farm's set-up reaches this call")
+    parser.add_argument("--master-after-release", choices=["KILL", "STOP"], default=None,
+                        help="instead: the master gets this signal right after it has released the job")
 
 
 _count = 0
@@ -34,6 +36,26 @@ def setup(options):
     _opts = options
     if options.die_in_setup:
         _die_in_setup(options.die_in_setup, options.die_rank)
+    if options.master_after_release:
+        _master_after_release(options.master_after_release)
+
+
+def _master_after_release(how):
+    """The master (rank 0) gets SIG``how`` as soon as it has released every rank (its deputy's release deferred)."""
+    import signal
+
+    from nlevel.runtime import farm
+
+    if os.environ.get("OMPI_COMM_WORLD_RANK", "0") != "0":
+        return
+    release = farm.FarmRuntime._release
+
+    def release_then_die(self):
+        release(self)
+        open(os.path.join(LOG_DIR, "master-released"), "a").close()
+        os.kill(os.getpid(), getattr(signal, "SIG" + how))
+
+    farm.FarmRuntime._release = release_then_die
 
 
 def _die_in_setup(step, rank):

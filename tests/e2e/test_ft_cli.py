@@ -57,6 +57,22 @@ def test_a_python_level_death_is_a_detected_failure_not_a_hang(tmp_path, mpi_env
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.parametrize("how", ["KILL", "STOP"])
+def test_a_master_that_dies_after_releasing_the_job_is_reported_by_its_deputy(tmp_path, mpi_env, how):
+    """Issue 14: the master's death between its release and its report; the deputy writes the report."""
+    proc, report, runs = run_job(tmp_path, mpi_env, 4, ["--n", "200", "--levels", "2",
+                                                         "--die-task", "-1", "--master-after-release", how])
+    assert (tmp_path / "logs" / "master-released").exists()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report is not None, proc.stderr[-3000:]
+    assert report["complete"] and report["committed"] == 200
+    assert report["written_by"]["rank"] == 1, report.get("written_by")
+    assert [f["rank"] for f in report["failures"]] == [0] and report["failures"][0]["role"] == "master"
+    assert completed_ids(tmp_path / "run.h5") == set(range(200))
+    assert max(runs.values()) == 1  # the job was over: nothing ran again
+
+
+@pytest.mark.timeout(200)
 @pytest.mark.parametrize("step,rank", [("options", 2), ("dup", 0), ("window", 3), ("window", 0), ("places", 5)])
 def test_a_death_during_set_up_is_survived_not_a_hang(tmp_path, mpi_env, step, rank):
     """Issue 14: a rank SIGKILLed inside the first collectives; the others shrink and set up again."""

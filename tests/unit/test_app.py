@@ -91,12 +91,12 @@ def test_a_bad_hook_is_named(tmp_path):
 
 
 def test_what_a_script_passes_as_fingerprint(monkeypatch):
-    from nlevel.runtime import farm
+    from nlevel.runtime import identity
 
-    monkeypatch.setattr(farm, "default_app", lambda: "screen.py")
-    assert farm.identity(None) == ("screen.py", {})
-    assert farm.identity("screen-v2") == ("screen-v2", {})
-    assert farm.identity({"seed": 3}) == ("screen.py", {"seed": 3})
-    assert farm.identity({"app": "x", "seed": 3}) == ("x", {"seed": 3})
+    monkeypatch.setattr(identity, "default_app", lambda: "screen.py")
+    assert identity.identity(None) == ("screen.py", {})
+    assert identity.identity("screen-v2") == ("screen-v2", {})
+    assert identity.identity({"seed": 3}) == ("screen.py", {"seed": 3})
+    assert identity.identity({"app": "x", "seed": 3}) == ("x", {"seed": 3})
     with pytest.raises(ConfigError, match=r"fingerprint must be None, a name or a dict .* got 3 \(int\)"):
-        farm.identity(3)
+        identity.identity(3)
