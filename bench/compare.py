@@ -270,9 +270,10 @@ def main() -> int:
             )
         print("(x counter: ratio to the one-sided counter; higher is better for tasks/s, lower for overhead)")
         if args.json:
+            prov = provenance.record()  # (before the file is opened: truncating a tracked result makes the tree "dirty")
             with open(args.json, "w") as f:
                 json.dump(
-                    {"provenance": provenance.record(), "size": size, "cores": cores, "oversubscribed": over,
+                    {"provenance": prov, "size": size, "cores": cores, "oversubscribed": over,
                      "repeat": args.repeat,
                      "zero_tasks": args.zero, "tasks_per_proc": args.tasks_per_proc,
                      "long_tasks_per_proc": args.long_tasks_per_proc,

@@ -86,8 +86,9 @@ def main() -> int:
     for c, m in med.items():
         print(f"MPIPoolExecutor {c:28} {m['tasks_per_s']:12,.0f} tasks/s  overhead {100 * m['overhead']:5.1f} %")
     if args.json:
+        prov = provenance.record()  # (before the file is opened: truncating a tracked result makes the tree "dirty")
         with open(args.json, "w") as f:
-            json.dump({"provenance": provenance.record(), "size": size, "workers": workers, "cores": cores, "oversubscribed": size > cores,
+            json.dump({"provenance": prov, "size": size, "workers": workers, "cores": cores, "oversubscribed": size > cores,
                        "tuned_chunksize": tuned, "repeat": args.repeat, "median": med, "runs": runs}, f, indent=1)
             f.write("\n")
     return 0

@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['predicted_overhead']}, {row['sim_seconds']:.0f} s", file=sys.stderr, flush=True)
     print(table(rows))
     if o.json:
+        prov = record()  # (before the file is opened: truncating a tracked result makes the tree "dirty")
         with open(o.json, "w") as f:
-            json.dump({"provenance": record(), "rows": rows}, f, indent=2, default=str)
+            json.dump({"provenance": prov, "rows": rows}, f, indent=2, default=str)
             f.write("\n")
     return 0 if all(r["meets_limit"] and r["prediction_close"] for r in rows) else 1
 

@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {row['ranks']} | {100 * row['measured']:.2f} % | {100 * row['predicted']:.2f} % "
               f"| {'yes' if row['close'] else 'NO'} |")
     if o.json:
+        prov = record()  # (before the file is opened: truncating a tracked result makes the tree "dirty")
         with open(o.json, "w") as f:
-            json.dump({"provenance": record(), "rows": rows}, f, indent=2, default=str)
+            json.dump({"provenance": prov, "rows": rows}, f, indent=2, default=str)
             f.write("\n")
     return 0 if all(r["close"] for r in rows) else 1
 

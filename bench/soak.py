@@ -274,9 +274,9 @@ def main() -> None:
         with open(args.markdown, "w") as f:
             f.write(table + "\n")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    prov = provenance.record()  # (before the file is opened: truncating a tracked result made the tree "dirty")
     with open(args.out, "w") as f:
-        json.dump({"provenance": provenance.record(), "args": vars(args), "summary": summary, "trials": trials},
-                  f, indent=1)
+        json.dump({"provenance": prov, "args": vars(args), "summary": summary, "trials": trials}, f, indent=1)
     print(f"\nwrote {args.out}" + (f"; trial directories in {base}" if args.keep else ""))
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)

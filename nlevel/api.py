@@ -295,6 +295,11 @@ class Farm:
         """Whether the farm survives dead processes (ULFM)."""
         return self._rt.ft
 
+    @property
+    def started(self) -> float:
+        """When this rank's farm was made (unix seconds)."""
+        return self._rt.started
+
     def agree_status(self, status: int) -> int:
         """The worst of every surviving rank's ``status`` (collective; after the farm ended)."""
         return self._rt.agree_status(status)

@@ -238,4 +238,5 @@ class Closing(StationCore):
         """A new master whose predecessor died while releasing: release everyone still here."""
         pending = self.pending_release
         assert pending is not None
+        self.finished_release = True
         return self.release(pending.code, pending.report)

@@ -214,6 +214,9 @@ class Loop:
         if watched:
             gone = self.port.gone(watched)
             if gone:
+                # What they sent before they went comes first: a master that released its deputy
+                # and exited at once is not a master that died while releasing (its report stands).
+                self.receive()
                 self.lost(tuple(gone), "exited")
 
     def tick(self) -> None:

@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the farm; return the exit status (0 only when every task is committed)."""
     from ..api import Farm
     from . import transport
-    from .report import format_summary, write_json
+    from .report import format_summary, master_wrote, write_json
 
     world = transport.world()
     rank = world.Get_rank()
@@ -211,6 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             told = isinstance(exc, CheckpointError) and (farm.report or {}).get("stopped") == "checkpoint"
             if not told:  # (a failed write that stopped the job was said once, when it happened)
                 print(f"nlevel: error: {_say(exc)}", file=sys.stderr, flush=True)
+    if (farm is not None and farm.report is not None and "written_by" in farm.report and options.report
+            and master_wrote(options.report, farm.started)):
+        farm.report = None  # (the master was not dead: it exited just after releasing this rank; its report stands)
     if farm is not None and farm.report is not None:  # the master (rank 0 unless it died)
         report = farm.report
         report["app"] = {"name": app.name, "options": _app_options(app, options), "argv": list(argv or sys.argv[1:])}

@@ -447,7 +447,7 @@ class FarmRuntime:
         # The master died after releasing some ranks (its final checkpoint written first): its
         # deputy released the rest and writes the report, from what it has (the dead master's
         # recoveries were mirrored to it; every dead rank is listed; the others' rows are lost).
-        successor = not self._released_all and st.is_master and t.ft
+        successor = st.finished_release and not self._released_all
         if successor:
             self.released_at = time.time()
         if self._released_all or successor:  # the master: the report, once every rank is free to go
@@ -526,7 +526,7 @@ class FarmRuntime:
         """A deputy that finished a dead master's release: the ranks the master had released (they
         exited, which ULFM tells it as deaths; they are not failures). Empty elsewhere."""
         st, pending = self.station, self.station.pending_release
-        if self._released_all or pending is None:
+        if self._released_all or not st.finished_release or pending is None:
             return set()
         before = set(pending.failed)
         master = {f.rank for f in st.failures if f.role == "master" and f.rank not in before}

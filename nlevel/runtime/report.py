@@ -130,6 +130,22 @@ def build_report(
     return report
 
 
+def master_wrote(path: str | os.PathLike[str], since: float) -> bool:
+    """Whether ``path`` holds a report written by a job's master since ``since`` (unix s).
+
+    A deputy that finished the release of a master it took for dead (see the ``written_by``
+    field) must not replace that master's report: the master may only have exited right
+    after releasing it, its report written.
+    """
+    try:
+        if os.path.getmtime(path) < since:
+            return False
+        with open(path) as f:
+            return "written_by" not in json.load(f)
+    except (OSError, ValueError):
+        return False
+
+
 def write_json(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
     """Write ``report`` to ``path`` atomically (temp file + rename): a kill never leaves half a report."""
     path = os.fspath(path)

@@ -1,0 +1,45 @@
+"""The report file: written whole, and a deputy's report never replaces its master's (issue 14)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from nlevel.runtime.report import master_wrote, write_json
+
+
+def test_a_report_is_written_whole_and_readable(tmp_path):
+    path = tmp_path / "r.json"
+    write_json(path, {"complete": True, "failures": []})
+    assert json.loads(path.read_text()) == {"complete": True, "failures": []}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # (no temporary file left)
+
+
+def test_the_masters_report_of_this_job_stands(tmp_path):
+    """The master exited right after releasing its deputy, its report written: the deputy must not replace it."""
+    path = tmp_path / "r.json"
+    started = time.time() - 5
+    write_json(path, {"complete": True})
+    assert master_wrote(path, started)
+
+
+def test_a_report_from_an_earlier_run_does_not_stand(tmp_path):
+    path = tmp_path / "r.json"
+    write_json(path, {"complete": False})
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+    assert not master_wrote(path, time.time() - 5)  # (the run being resumed: this job's deputy writes its own)
+
+
+def test_a_deputys_report_does_not_stand_for_a_master(tmp_path):
+    path = tmp_path / "r.json"
+    write_json(path, {"complete": True, "written_by": {"rank": 1, "why": "..."}})
+    assert not master_wrote(path, time.time() - 5)
+
+
+def test_no_file_or_an_unreadable_one_does_not_stand(tmp_path):
+    assert not master_wrote(tmp_path / "missing.json", 0.0)
+    bad = tmp_path / "half.json"
+    bad.write_text('{"complete": tr')
+    assert not master_wrote(bad, 0.0)
