@@ -162,6 +162,8 @@ class StationCore:
                 # the next run counts on).
                 self.server.timeouts = dict(self.ledger.timeouts)
                 self.server.deaths = dict(self.ledger.timeouts)
+                for tid in self.ledger.timeouts:
+                    self.server.suspects.add(tid, tid + 1)
         if not info.computes:
             return
         parent = self.rank if self.server is not None else info.parent

@@ -92,6 +92,7 @@ class Failures(StationCore):
                     ask |= self.recon.add_dead(held, expected(x, old, failed), record)
                 else:
                     host = self.hosts[x] if x < len(self.hosts) else ""
+                    d.suspects.add_ranges(held.ranges())  # (one of them may be what killed it)
                     n, quarantined = d.requeue_lost(held, x, host, why)
                     self.failures.append(record.closed(n, tuple(quarantined), self.wall()))
         if isinstance(d, Master) and d.carried and not (self.recon is not None and self.recon.everything):
@@ -304,6 +305,7 @@ class Failures(StationCore):
             for tid, k in self.ledger.timeouts.items():
                 d.timeouts[tid] = max(k, d.timeouts.get(tid, 0))
                 d.deaths[tid] = max(k, d.deaths.get(tid, 0))
+                d.suspects.add(tid, tid + 1)
             for tid, k in self.mirror_deaths.items():  # (counted by the master that died)
                 d.deaths[tid] = max(k, d.deaths.get(tid, 0))
         elif info.role is Role.REGION and old_d is None:

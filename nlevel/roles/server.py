@@ -145,6 +145,9 @@ class Server:
         self.track_settled = False
         self.deaths: dict[int, int] = {}  # id -> processes that died holding it
         self.timeouts: dict[int, int] = {}  # id -> times a rank holding it ran past --task-timeout
+        # Ids a computing rank held when it died or ran past --task-timeout: published one per
+        # range from now on, so that the next death (or timeout) holding one names it alone.
+        self.suspects = RangeSet()
         self.quarantine = 3
         self.reconciling = False
         # Ids taken from these boards by ranks that are not children (yet): a rank that learnt of
@@ -434,8 +437,39 @@ class Server:
             if want <= 0:
                 continue
             ranges = queue.take_pieces(size, want)
+            if ranges and kind == LEAF and self.suspects:
+                ranges = self._isolate(ranges, want)
             if ranges:
                 owner.publish(self.boards(self.rank, kind), list(ranges))
+
+    def _isolate(self, ranges: Ranges, most: int) -> Ranges:
+        """``ranges`` with every suspect id (see :attr:`suspects`) in a range of its own; at most
+        ``most`` ranges, the rest back to the queue.
+
+        A task that kills (or hangs) its process would otherwise take the ids beside it along
+        each time: counted as deaths (or timeouts) with it, they were quarantined with it
+        although they never ran (a resumed job hands the same range to one rank again).
+        """
+        out: list[tuple[int, int]] = []
+        suspects = self.suspects
+        for a, b in ranges:
+            if not suspects.overlap(a, b):
+                out.append((a, b))
+                continue
+            start = a
+            for s0, s1 in suspects.ranges():
+                if s1 <= a or s0 >= b:
+                    continue
+                lo, hi = max(s0, a), min(s1, b)
+                if start < lo:
+                    out.append((start, lo))
+                out.extend((t, t + 1) for t in range(lo, hi))
+                start = hi
+            if start < b:
+                out.append((start, b))
+        for a, b in out[most:]:
+            self.queue.add(a, b)
+        return tuple(out[:most])
 
     def _rebalance(self, now: float) -> None:
         owners = self.owners

@@ -42,23 +42,31 @@ def test_a_task_that_never_returns_is_killed_by_the_time_limit_under_ulfm(tmp_pa
     assert len(_failed_lines(proc.stderr)) == 1
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.xfail(reason="issue 14, open: the timeouts are counted on every id the given-up rank held; a master "
-                          "whose own task hung did not count it at all (fixed in roles/watch.py), but some runs "
-                          "still end 1 before the third timeout or 75 three times (2 of 6 runs)", strict=False)
+@pytest.mark.timeout(400)
 def test_without_ulfm_a_hung_task_stops_the_job_and_resuming_counts_on(tmp_path, mpi_env):
-    """Each run stops with 75 (resume); the third timeout quarantines id 17 and the job ends with 1."""
+    """Each timeout stops the job with 75 (resume); the third quarantines id 17.
+
+    That third run ends with 1 when every other id is done by then, or with 75 when the
+    given-up rank also held ids after 17 (the job still stops cleanly: the rank cannot be
+    killed without ULFM); then the next run finishes them, nothing times out, and it ends with 1.
+    """
+    args = ["--n", "120", "--die-task", "17", "--how", "forever", "--poison", "--task-timeout", "1"]
     codes = []
-    for _ in range(4):
-        proc, report, _ = run_job(tmp_path, mpi_env, 4, ["--n", "120", "--die-task", "17", "--how", "forever",
-                                                          "--poison", "--task-timeout", "1"], ft=False, timeout=120)
+    for _ in range(3):
+        proc, report, _ = run_job(tmp_path, mpi_env, 4, args, ft=False, timeout=120)
         codes.append(proc.returncode)
-        assert "past --task-timeout 1 s" in proc.stderr, proc.stderr[-3000:]
-        if report["failed_tasks"]:
-            break
-        assert proc.returncode == 75 and report["stopped"] == "task timeout"
-    assert codes[-1] == 1 and len(codes) == 3, codes
-    assert [(f["id"], f["kind"]) for f in report["failed_tasks"]] == [(17, "timeout")]
+        assert "past --task-timeout 1 s" in proc.stderr, (codes, proc.stderr[-3000:])
+        if len(codes) < 3:
+            assert proc.returncode == 75 and report["stopped"] == "task timeout", (codes, proc.stderr[-3000:])
+            assert not report["failed_tasks"], codes
+    assert [(f["id"], f["kind"]) for f in report["failed_tasks"]] == [(17, "timeout")], codes
+    if proc.returncode == 75:  # (ids held after 17 by the given-up rank: this run stopped before them)
+        assert report["stopped"] == "task timeout" and not report["complete"]
+        proc, report, _ = run_job(tmp_path, mpi_env, 4, args, ft=False, timeout=120)
+        codes.append(proc.returncode)
+        assert "past --task-timeout 1 s" not in proc.stderr, (codes, proc.stderr[-3000:])
+        assert [(f["id"], f["kind"]) for f in report["failed_tasks"]] == [(17, "timeout")], codes
+    assert codes[-1] == 1, codes
     assert completed_ids(tmp_path / "run.h5") == set(range(120)) - {17}
 
 

@@ -226,3 +226,18 @@ def test_the_task_time_heard_survives_a_plan_switch(size, force, seed):
     out = Network(size, Plan(2), 300, seed, config=config).run()
     st = out.stations[0]
     assert len(st.plans) >= 2 and st.server.busy_below == pytest.approx(300 * 1e-3)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_task_that_kills_its_process_is_quarantined_alone_not_with_its_range(seed):
+    """Issue 14: ids held beside a poison task died with it three times and were quarantined with it,
+    some without ever running. After a death its ids are handed out one per range, so only an id
+    that ran (and whose completion was lost with the process three times) can share its fate."""
+    config = Config(levels=2, fault_tolerance="on", chunk=4, lease_min=0.5)
+    total = 200
+    out = Network(8, Plan(2), total, seed, config=config, exits=frozenset({17})).run()
+    led = out.ledger
+    assert 17 in led.failed and led.failed[17].kind == "died"
+    never_ran = [tid for tid in led.failed if tid != 17 and not out.executed.get(tid)]
+    assert not never_ran, f"quarantined without running: {never_ran} (failed: {sorted(led.failed)})"
+    assert led.n_committed + len(led.failed) == total
