@@ -239,7 +239,7 @@ def markdown_t3(cells: dict[str, dict[str, Any]]) -> str:
         again = r["tasks_run"] - r["tasks"] if r.get("tasks_run") is not None else "-"
         recovery = max((f.get("recovery_ms") or 0.0 for f in r.get("failures") or []), default=None)
         lines.append(f"| {role} | {paper:.1f} (+{paper - PAPER_T3['none']:.1f}) | -{pv:.2f} % | {r['makespan']:.1f} "
-                     f"| {r['makespan'] - b:+.1f} | {again} ({r['recomputed']:,}) "
+                     f"| {r['makespan'] - b:+.1f} | {again} ({r.get('recomputed') or 0:,}) "
                      f"| {'-' if recovery is None else f'{recovery / 1e3:.3g}'} "
                      f"| {100 * (r['makespan'] / rollback - 1):+.2f} % |")
     lines.append(f"| roll-back | {PAPER_T3['rollback']:.1f} (+{PAPER_T3['rollback'] - PAPER_T3['none']:.1f}) | | "

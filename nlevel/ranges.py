@@ -341,6 +341,13 @@ class RangeSet:
         hi = bisect_left(starts, stop)
         return sum(min(stops[k], stop) - max(starts[k], start) for k in range(lo, hi))
 
+    def within(self, start: int, stop: int) -> Ranges:
+        """Return the set's ranges that meet ``[start, stop)``, clipped to it."""
+        starts, stops = self._starts, self._stops
+        lo = bisect_right(stops, start)
+        hi = bisect_left(starts, stop)
+        return tuple((max(starts[k], start), min(stops[k], stop)) for k in range(lo, hi))
+
     def complement(self, total: int) -> RangeSet:
         """Return ``[0, total)`` minus this set."""
         out = RangeSet()

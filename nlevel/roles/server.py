@@ -451,25 +451,24 @@ class Server:
         although they never ran (a resumed job hands the same range to one rank again).
         """
         out: list[tuple[int, int]] = []
-        suspects = self.suspects
+        suspects, queue = self.suspects, self.queue
         for a, b in ranges:
-            if not suspects.overlap(a, b):
-                out.append((a, b))
-                continue
             start = a
-            for s0, s1 in suspects.ranges():
-                if s1 <= a or s0 >= b:
-                    continue
-                lo, hi = max(s0, a), min(s1, b)
-                if start < lo:
+            for lo, hi in suspects.within(a, b):
+                if start < lo and len(out) < most:
                     out.append((start, lo))
-                out.extend((t, t + 1) for t in range(lo, hi))
-                start = hi
-            if start < b:
+                    start = lo
+                while start < hi and len(out) < most:
+                    out.append((start, start + 1))
+                    start += 1
+                if len(out) >= most:
+                    break
+            if start < b and len(out) < most:
                 out.append((start, b))
-        for a, b in out[most:]:
-            self.queue.add(a, b)
-        return tuple(out[:most])
+                start = b
+            if start < b:
+                queue.add(start, b)  # (no room left on the board: back to the queue, whole)
+        return tuple(out)
 
     def _rebalance(self, now: float) -> None:
         owners = self.owners

@@ -465,7 +465,7 @@ class FarmRuntime:
             self.recorder.close(finished=True, complete=bool(self.report and self.report.get("complete")))
         if self.port.lock is not None:
             self.port.lock.release()
-        if self._released_all and t.ft:  # (the deputy watched this master until now: see Ending.release)
+        if (self._released_all or successor) and t.ft:  # (its deputy watched it until now: see Ending.release)
             self.loop.perform(st.release_deputy())
             t.flush(timeout=5.0)
         if error is not None:

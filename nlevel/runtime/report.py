@@ -142,7 +142,7 @@ def master_wrote(path: str | os.PathLike[str], since: float) -> bool:
             return False
         with open(path) as f:
             return "written_by" not in json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError):
         return False
 
 

@@ -24,8 +24,9 @@ def add_arguments(parser):
     parser.add_argument("--die-after", type=int, default=10)
     parser.add_argument("--die-in-setup", choices=["options", "dup", "window", "places"], default=None,
                         help="instead: rank --die-rank is SIGKILLed when the farm's set-up reaches this call")
-    parser.add_argument("--master-after-release", choices=["KILL", "STOP"], default=None,
-                        help="instead: the master gets this signal right after it has released the job")
+    parser.add_argument("--master-after-release", choices=["KILL", "STOP", "KILL-MID"], default=None,
+                        help="instead: the master gets this signal right after it has released the job "
+                             "(KILL-MID: SIGKILL once it has released its deputy and one other rank only)")
 
 
 _count = 0
@@ -49,6 +50,12 @@ def _master_after_release(how):
     if os.environ.get("OMPI_COMM_WORLD_RANK", "0") != "0":
         return
     release = farm.FarmRuntime._release
+    if how == "KILL-MID":  # (the Releases go to the deputy, then the others from the highest rank down)
+        from nlevel.roles import ending
+
+        whole = ending.Closing.release
+        ending.Closing.release = lambda self, code, report: whole(self, code, report)[:2]
+        how = "KILL"
 
     def release_then_die(self):
         release(self)

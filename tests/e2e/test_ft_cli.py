@@ -57,7 +57,7 @@ def test_a_python_level_death_is_a_detected_failure_not_a_hang(tmp_path, mpi_env
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("how", ["KILL", "STOP"])
+@pytest.mark.parametrize("how", ["KILL", "STOP", "KILL-MID"])
 def test_a_master_that_dies_after_releasing_the_job_is_reported_by_its_deputy(tmp_path, mpi_env, how):
     """Issue 14: the master's death between its release and its report; the deputy writes the report."""
     proc, report, runs = run_job(tmp_path, mpi_env, 4, ["--n", "200", "--levels", "2",

@@ -1,0 +1,65 @@
+"""Suspect ids (held by a computing rank that died, or past --task-timeout in an earlier run) are
+handed out one per range, and :meth:`Server._isolate` neither loses nor repeats an id (issue 14)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nlevel.model.hierarchy import build
+from nlevel.model.plan import Plan
+from nlevel.ranges import RangeSet
+from nlevel.roles.ledger import Ledger
+from nlevel.roles.master import Master
+from nlevel.roles.server import Sizing
+from nlevel.sim.engine import SimBoards
+
+H = build(8, Plan(2))
+
+
+def _master() -> Master:
+    weights = {c: H[c].weight for c in H[0].children}
+    weights[0] = 1
+    m = Master(H, 0, weights, lambda: 0.0, SimBoards((64, 16)), Sizing(), Ledger(1000))
+    m.queue = RangeSet()
+    return m
+
+
+def test_a_suspect_inside_a_range_is_cut_out_alone():
+    m = _master()
+    m.suspects.add(17, 18)
+    assert m._isolate(((16, 20),), 10) == ((16, 17), (17, 18), (18, 20))
+
+
+def test_suspects_across_ranges_and_runs_of_them():
+    m = _master()
+    m.suspects.add_ranges(((3, 5), (9, 11)))
+    assert m._isolate(((0, 4), (4, 10), (10, 12)), 20) == (
+        (0, 3), (3, 4), (4, 5), (5, 9), (9, 10), (10, 11), (11, 12))
+
+
+def test_what_does_not_fit_goes_back_to_the_queue():
+    m = _master()
+    m.suspects.add(0, 4)
+    assert m._isolate(((0, 8),), 3) == ((0, 1), (1, 2), (2, 3))
+    assert m.queue.ranges() == ((3, 8),)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ranges=st.lists(st.tuples(st.integers(0, 200), st.integers(1, 20)), min_size=1, max_size=8),
+       suspects=st.lists(st.tuples(st.integers(0, 220), st.integers(1, 5)), max_size=6),
+       most=st.integers(1, 30))
+def test_no_id_is_lost_or_repeated(ranges, suspects, most):
+    pieces = RangeSet()
+    for a, n in ranges:
+        pieces.add(a, a + n)
+    given_ranges = pieces.ranges()  # (disjoint, as the queue hands them out)
+    m = _master()
+    for a, n in suspects:
+        m.suspects.add(a, a + n)
+    out = m._isolate(given_ranges, most)
+    assert 1 <= len(out) <= most
+    ids = [i for a, b in out for i in range(a, b)] + list(m.queue)
+    assert sorted(ids) == [i for a, b in given_ranges for i in range(a, b)]
+    for a, b in out:
+        assert b - a == 1 or not m.suspects.overlap(a, b)  # a suspect is alone in its range
