@@ -160,10 +160,7 @@ class StationCore:
             if isinstance(self.server, Master) and self.ledger is not None:
                 # Timeouts of earlier runs (without fault tolerance a hung task stops the job;
                 # the next run counts on).
-                self.server.timeouts = dict(self.ledger.timeouts)
-                self.server.deaths = dict(self.ledger.timeouts)
-                for tid in self.ledger.timeouts:
-                    self.server.suspects.add(tid, tid + 1)
+                self.server.count_timeouts(self.ledger.timeouts)
         if not info.computes:
             return
         parent = self.rank if self.server is not None else info.parent

@@ -302,10 +302,7 @@ class Failures(StationCore):
                        c.task_retries if c.on_task_error == "retry" else 0, self.ft, self.epoch)
             d.queue = RangeSet()  # nothing is handed out before the reconciliation says what is free
             self._absorb(old_d, d)
-            for tid, k in self.ledger.timeouts.items():
-                d.timeouts[tid] = max(k, d.timeouts.get(tid, 0))
-                d.deaths[tid] = max(k, d.deaths.get(tid, 0))
-                d.suspects.add(tid, tid + 1)
+            d.count_timeouts(self.ledger.timeouts)
             for tid, k in self.mirror_deaths.items():  # (counted by the master that died)
                 d.deaths[tid] = max(k, d.deaths.get(tid, 0))
         elif info.role is Role.REGION and old_d is None:

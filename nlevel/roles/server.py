@@ -442,6 +442,14 @@ class Server:
             if ranges:
                 owner.publish(self.boards(self.rank, kind), list(ranges))
 
+    def count_timeouts(self, timeouts: dict[int, int]) -> None:
+        """Count the ``--task-timeout`` give-ups of earlier runs (id -> times): as timeouts, as
+        deaths toward the quarantine, and as suspects."""
+        for tid, k in timeouts.items():
+            self.timeouts[tid] = max(k, self.timeouts.get(tid, 0))
+            self.deaths[tid] = max(k, self.deaths.get(tid, 0))
+            self.suspects.add(tid, tid + 1)
+
     def _isolate(self, ranges: Ranges, most: int) -> Ranges:
         """``ranges`` with every suspect id (see :attr:`suspects`) in a range of its own; at most
         ``most`` ranges, the rest back to the queue.

@@ -95,6 +95,7 @@ class FarmRuntime:
         self._early: tuple[Station, list[Any]] | None = None  # rank 0: its roles, stocked before the exchange
         self._released_all = False  # the master released everyone ...
         self._closing: BaseException | None = None  # ... and the checkpoint's error then, if any
+        self.released_at = 0.0  # (unix s) when the job was released (by the master, or the deputy that finished it)
         self.setup_deaths: list[dict[str, Any]] = []  # ranks (of the user's communicator) dead during set-up
         # Under ULFM a death inside the set-up collectives must not hang or fail the job: every survivor revokes
         # the set-up's communicator, they shrink and set up again (farm ranks renumbered; the report maps them).
@@ -447,7 +448,7 @@ class FarmRuntime:
         # The master died after releasing some ranks (its final checkpoint written first): its
         # deputy released the rest and writes the report, from what it has (the dead master's
         # recoveries were mirrored to it; every dead rank is listed; the others' rows are lost).
-        successor = st.finished_release and not self._released_all
+        successor = st.finished_release
         if successor:
             self.released_at = time.time()
         if self._released_all or successor:  # the master: the report, once every rank is free to go
@@ -525,10 +526,10 @@ class FarmRuntime:
     def _left_after_release(self) -> set[int]:
         """A deputy that finished a dead master's release: the ranks the master had released (they
         exited, which ULFM tells it as deaths; they are not failures). Empty elsewhere."""
-        st, pending = self.station, self.station.pending_release
-        if self._released_all or not st.finished_release or pending is None:
+        st = self.station
+        if not st.finished_release:
             return set()
-        before = set(pending.failed)
+        before = set(st.pending_release.failed)
         master = {f.rank for f in st.failures if f.role == "master" and f.rank not in before}
         return set(st.failed) - before - master
 

@@ -54,7 +54,7 @@ import gc
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -499,7 +499,10 @@ def simulate(
     )
 
 
-def _without_gc_pauses(run: Any) -> Any:
+_T = TypeVar("_T")
+
+
+def _without_gc_pauses(run: Callable[[], _T]) -> _T:
     """Call ``run()`` with the set-up's objects frozen out of the cyclic collector and fewer passes.
 
     A simulation allocates millions of short-lived messages and events over a few hundred
