@@ -43,6 +43,8 @@ def test_a_task_that_never_returns_is_killed_by_the_time_limit_under_ulfm(tmp_pa
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.xfail(reason="issue 14, open: about 1 run in 20 (CI at 8ce6b71; 0 in 17 by hand) the third run "
+                          "exits 1 with no failed task recorded; not yet understood", strict=False)
 def test_without_ulfm_a_hung_task_stops_the_job_and_resuming_counts_on(tmp_path, mpi_env):
     """Each timeout stops the job with 75 (resume); the third quarantines id 17.
 
