@@ -106,6 +106,12 @@ class StationCore:
         self.mirror_deaths: dict[int, int] = {}  # the deputy: the master's death counts per id
         self.mirror_hand: Ranges = ()  # the deputy: what the master's own loop held at the last copy
         self.hand_sent: Ranges = ()  # the master: its own loop's holding as last copied
+        # Ids at or above this mark were never handed out: the master keeps it ahead of what it
+        # publishes and copies it to the deputy, which as the next master hands them out at once.
+        self.reserve = 0  # the master's mark, as the deputy last heard it
+        self.mirror_fresh = -1  # the deputy: the master's mark (-1: not known)
+        self.high_seen = 0  # the master: its publishing's high-water at the last look
+        self.mark_jump = 0  # ... and the most it rose between two looks
         self.mirrored_failures = 0
         self.mirror_to: int | None = None
         self.deferred: deque[tuple[int, Message]] = deque()

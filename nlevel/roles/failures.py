@@ -26,12 +26,16 @@ from .region import Region
 from .server import LEAF, UPPER, Server
 from .worker import State
 
-__all__ = ["Failures", "MIRROR_AGE", "MIRROR_BATCH"]
+__all__ = ["Failures", "MIRROR_AGE", "MIRROR_BATCH", "RESERVE_SHARE"]
 
 #: The master copies its commits to the deputy at least this often (s) ...
 MIRROR_AGE = 0.005
 #: ... or once this many ids are waiting (a master that dies loses at most these commits).
 MIRROR_BATCH = 256
+#: The master's mark (no id above it handed out yet, see :meth:`Failures._move_mark`) moves
+#: this share of the job's ids ahead of what it published (or four times the most it published
+#: between two copies, if more).
+RESERVE_SHARE = 1 / 64
 
 
 def _record(rank: int, old: Hierarchy, held: int, how: str, by: int, wall: float) -> FailureRecord:
@@ -217,6 +221,8 @@ class Failures(StationCore):
             self.mirror_deaths[tid] = max(k, self.mirror_deaths.get(tid, 0))
         if msg.hand is not None:
             self.mirror_hand = msg.hand
+        if msg.fresh >= 0:
+            self.mirror_fresh = msg.fresh if msg.full else max(msg.fresh, self.mirror_fresh)
         self.mirror_failures.extend(msg.failures)
         self.master_heard = self.clock()
         return []
@@ -252,6 +258,11 @@ class Failures(StationCore):
             if source != "checkpoint":
                 source = "deputy's copy + checkpoint"
         self.ledger = ledger
+        # Ids at or above the master's mark were never handed out: nobody can hold them, and
+        # the new master hands them out at once (see _relayout) while the survivors say what
+        # they hold of the rest. Without the deputy's copy, nothing is known to be free.
+        self.reserve = self.mirror_fresh if self.mirror is not None and self.mirror_fresh >= 0 else self.total
+        self.high_seen = self.reserve
         self.mirror = None
         self.failures = self.mirror_failures + self.failures  # recoveries the dead master had recorded
         record = replace(_record(old.master, old, len(ledger.remaining()), how, self.rank, wall), ledger_from=source)
@@ -300,8 +311,14 @@ class Failures(StationCore):
                 old_d.close_boards(0, now)  # (its boards stay; the master's serve the same children)
             d = Master(nh, self.rank, {}, self.clock, self.boards, self.sizing, self.ledger,
                        c.task_retries if c.on_task_error == "retry" else 0, self.ft, self.epoch)
-            d.queue = RangeSet()  # nothing is handed out before the reconciliation says what is free
+            d.queue = RangeSet()  # nothing below the mark is handed out before the reconciliation says what is free
             self._absorb(old_d, d)
+            fresh = RangeSet(self.ledger.remaining().within(self.reserve, self.total))
+            if not self.ledger.retry:
+                for tid in self.ledger.failed:
+                    fresh.remove(tid, tid + 1)
+            d.queue.add_ranges(fresh.ranges())
+            d.high = self.reserve
             d.count_timeouts(self.ledger.timeouts)
             for tid, k in self.mirror_deaths.items():  # (counted by the master that died)
                 d.deaths[tid] = max(k, d.deaths.get(tid, 0))
@@ -464,8 +481,27 @@ class Failures(StationCore):
         results = tuple(zip(led.result_ids.tolist(), led.result_rows()))
         self.mirrored_failures = len(self.failures)
         d.mirror_timeouts = {}
+        self._move_mark(d)
         return [Send(dep, Mirror(led.committed.ranges(), results, led.total, led.width, True, tuple(self.failures),
-                                 tuple(led.failed.values()), tuple(led.timeouts.items()), self._deaths(d)))]
+                                 tuple(led.failed.values()), tuple(led.timeouts.items()), self._deaths(d),
+                                 fresh=self.reserve))]
+
+    def _move_mark(self, d: Master) -> bool:
+        """Keep the mark copied to the deputy ahead of what the master publishes; return whether it moved.
+
+        The mark moves once publishing is within half a step of it (a step is at least four times
+        the most published between two calls), so the copy with the new mark is on its way before
+        any id above the old one is handed out. (If it were not, a takeover would hand out again
+        ids someone holds: run twice, never lost.)
+        """
+        total = d.ledger.total
+        self.mark_jump = max(self.mark_jump, d.high - self.high_seen)  # the most published between two calls
+        self.high_seen = d.high
+        step = max(int(total * RESERVE_SHARE), 4 * self.mark_jump, 1)
+        if self.reserve >= total or d.high + step // 2 <= self.reserve:
+            return False
+        self.reserve = min(total, max(self.reserve, d.high + step))
+        return True
 
     @staticmethod
     def _deaths(d: Master) -> tuple[tuple[int, int], ...]:
@@ -487,21 +523,22 @@ class Failures(StationCore):
         w = self.worker
         hand = w.holding().ranges()[:64] if w is not None else ()
         moved = hand != self.hand_sent
+        marked = self._move_mark(d)
         waiting = (len(d.mirror_done) + len(d.mirror_failed) + len(self.failures) - self.mirrored_failures
-                   + len(d.mirror_timeouts) + int(moved))
+                   + len(d.mirror_timeouts) + int(moved) + int(marked))
         if not waiting:
             if now - self.mirror_sent < self.config.lease_min / 4:
                 return []
             self.mirror_sent = now  # a heartbeat: the deputy watches for the master's silence
-            return [Send(self.mirror_to, Mirror((), (), d.ledger.total, d.ledger.width))]
-        if waiting < MIRROR_BATCH and now - self.mirror_sent < MIRROR_AGE and not force and not moved:
+            return [Send(self.mirror_to, Mirror((), (), d.ledger.total, d.ledger.width, fresh=self.reserve))]
+        if waiting < MIRROR_BATCH and now - self.mirror_sent < MIRROR_AGE and not force and not moved and not marked:
             return []
         self.mirror_sent = now
         news = tuple(self.failures[self.mirrored_failures:])
         self.mirrored_failures = len(self.failures)
         msg = Mirror(d.mirror_done.ranges(), tuple(d.mirror_results), d.ledger.total, d.ledger.width, False, news,
                      tuple(d.mirror_failed), tuple(d.mirror_timeouts.items()), self._deaths(d) if news else (),
-                     hand if moved else None)
+                     hand if moved else None, self.reserve)
         self.hand_sent = hand
         d.mirror_done, d.mirror_results, d.mirror_failed, d.mirror_timeouts = RangeSet(), [], [], {}
         return [Send(self.mirror_to, msg)]

@@ -50,7 +50,7 @@ class Replanning(Failures):
         self.lay_out(build(self.size, plan, self.failed))
         new = self.server
         assert isinstance(new, Master)
-        new.queue, new.aside, new.stopped = queue, aside, stopped
+        new.queue, new.aside, new.stopped, new.high = queue, aside, stopped, old.high
         new.carried = carried
         new.task_mean, new.task_max, new.deaths, new.timeouts = old.task_mean, old.task_max, old.deaths, old.timeouts
         if not self.draining[self.epoch - 1]:

@@ -118,6 +118,7 @@ class Server:
         self.sizing = sizing
         self.epoch = epoch
         self.queue = RangeSet()
+        self.high = 0  # every id published here is below this (the queue hands out its smallest ids)
         self.children: dict[int, Child] = {}
         self.total_weight = 0
         self.held_total = 0
@@ -440,6 +441,8 @@ class Server:
             if ranges and kind == LEAF and self.suspects:
                 ranges = self._isolate(ranges, want)
             if ranges:
+                if ranges[-1][1] > self.high:
+                    self.high = ranges[-1][1]
                 owner.publish(self.boards(self.rank, kind), list(ranges))
 
     def count_timeouts(self, timeouts: dict[int, int]) -> None:

@@ -28,8 +28,11 @@ PLANS = [
 ]
 
 
-def check(out, total, quarantine=3):
-    """Every id committed once (or, after ``quarantine`` deaths, recorded failed); re-runs only of ids at risk."""
+def check(out, total, quarantine=3, earlier=frozenset()):
+    """Every id committed once (or, after ``quarantine`` deaths, recorded failed); re-runs only of ids at risk.
+
+    ``earlier``: ids an earlier run committed (they never run, and their results are not this run's).
+    """
     led = out.ledger
     quarantined = {tid for tid, f in led.failed.items() if f.kind == "died"}
     if quarantined:
@@ -44,6 +47,9 @@ def check(out, total, quarantine=3):
     assert led.n_committed + len(quarantined) == total
     for tid in range(total):
         n = out.executed.get(tid, 0)
+        if tid in earlier:
+            assert n == 0, f"id {tid}, committed by an earlier run, ran again"
+            continue
         assert n >= 1 or tid in quarantined, f"id {tid} never ran"
         if n > 1:
             assert tid in out.at_risk, f"id {tid} ran {n} times without being at risk"
@@ -59,7 +65,7 @@ def check(out, total, quarantine=3):
                 assert rows[r]["tasks"] == u.ran, f"rank {r}: its row says {rows[r]['tasks']} tasks, it ran {u.ran}"
     ids = led.result_ids.tolist()
     assert len(ids) == len(set(ids))
-    assert sorted(ids) == [i for i in range(total) if i % 3 == 0 and i not in quarantined]
+    assert sorted(ids) == [i for i in range(total) if i % 3 == 0 and i not in quarantined and i not in earlier]
     assert led.result_values.tolist() == [2.0 * i for i in ids]
 
 
@@ -164,6 +170,17 @@ def test_one_death_of_each_role(size, plan, role, seed):
     total = 300
     out = Network(size, plan, total, seed).run(kills=[(40 + seed * 17, victims[seed % len(victims)])])
     check(out, total)
+
+
+@pytest.mark.parametrize("size,plan", KILL_PLANS)
+@pytest.mark.parametrize("seed", range(6))
+def test_a_new_master_of_a_resumed_job_hands_out_no_id_an_earlier_run_committed(size, plan, seed):
+    """The new master hands out the ids above its predecessor's mark at once: never one the checkpoint has."""
+    total = 400
+    completed = ((0, 60), (150, 170), (260, 262), (330, 400))
+    out = Network(size, plan, total, seed, completed=completed).run(kills=[(30 + seed * 23, 0)])
+    check(out, total, earlier=frozenset().union(*(range(a, b) for a, b in completed)))
+    assert 0 in out.dead
 
 
 @pytest.mark.parametrize("plan", [Plan(2), Plan(3, (2,))])
