@@ -304,6 +304,19 @@ class Farm:
         """The worst of every surviving rank's ``status`` (collective; after the farm ended)."""
         return self._rt.agree_status(status)
 
+    def hold_deputy(self) -> None:
+        """Before the end: keep the master's deputy watching it after the end, until :meth:`release_deputy`.
+
+        For a caller that writes the report (:attr:`report`) to a file after the end: a
+        master that dies or hangs before the file is written is then replaced by its deputy,
+        which writes the report instead. Without fault tolerance it changes nothing.
+        """
+        self._rt.hold_deputy = True
+
+    def release_deputy(self) -> None:
+        """After the end (see :meth:`hold_deputy`): the master's last work is done; its deputy may go."""
+        self._rt.release_deputy()
+
     def set_exit_code(self, code: int) -> None:
         """After failures the process must end with ``os._exit(code)`` (MPI_Finalize may hang)."""
         self._rt.exit_code = code

@@ -234,6 +234,15 @@ class Closing(StationCore):
             self.released = msg
         return []
 
+    def left_after_release(self) -> set[int]:
+        """A rank that finished a dead master's release: the ranks the master had released (they
+        exited, which ULFM tells it as deaths; they are not failures). Empty elsewhere."""
+        if not self.finished_release:
+            return set()
+        before = set(self.pending_release.failed)
+        master = {f.rank for f in self.failures if f.role == "master" and f.rank not in before}
+        return set(self.failed) - before - master
+
     def release_for_dead_master(self) -> list[Effect]:
         """A new master whose predecessor died while releasing: release everyone still here."""
         pending = self.pending_release

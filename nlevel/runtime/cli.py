@@ -190,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result_fields=app.result_fields,
             retry_failed=options.retry_failed,
         ) as farm:
+            farm.hold_deputy()  # (released once the report file is written, below)
             on_error = farm.config.on_task_error
             for task_id in farm:
                 try:
@@ -218,7 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = farm.report
         report["app"] = {"name": app.name, "options": _app_options(app, options), "argv": list(argv or sys.argv[1:])}
         if options.report:
-            write_json(options.report, report)
+            try:
+                write_json(options.report, report)
+            finally:
+                farm.release_deputy()  # (it watched the master until the report was on disk)
         if not options.quiet:
             print(format_summary(report), flush=True)
             if options.report:
@@ -229,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = max(status, 1)
         elif status == 0:
             status = _finish_app(app, farm, options)
+    if farm is not None:
+        farm.release_deputy()  # (no report file: nothing more to wait for; once only)
     # Every rank ends with the worst status any rank saw; no rank waits on one that failed alone.
     if farm is not None and (farm.ft or farm.failed):
         status = farm.agree_status(status)  # (no collective: a process may have exited unseen)

@@ -39,7 +39,7 @@ from .backoff import Backoff
 from .identity import identity
 from .rank import MpiPort, Runner, clock
 from .startwatch import mark, start_records
-from .report import build_report, failed_tasks, merge_stats, timeline
+from .report import build_report, failed_lines, failed_tasks, merge_stats, timeline
 from .transport import MpiError, Transport, agree, kill_self, revoke, setup_recovery, shrink, user_ranks, world
 
 __all__ = ["FarmRuntime"]
@@ -94,6 +94,7 @@ class FarmRuntime:
         self._decided: tuple[Any, ...] | None = None  # rank 0: what it decided (kept if set-up starts over)
         self._early: tuple[Station, list[Any]] | None = None  # rank 0: its roles, stocked before the exchange
         self._released_all = False  # the master released everyone ...
+        self.hold_deputy = False  # the caller writes the report after the end, then calls release_deputy()
         self._closing: BaseException | None = None  # ... and the checkpoint's error then, if any
         self.released_at = 0.0  # (unix s) when the job was released (by the master, or the deputy that finished it)
         self.setup_deaths: list[dict[str, Any]] = []  # ranks (of the user's communicator) dead during set-up
@@ -466,11 +467,17 @@ class FarmRuntime:
             self.recorder.close(finished=True, complete=bool(self.report and self.report.get("complete")))
         if self.port.lock is not None:
             self.port.lock.release()
-        if (self._released_all or successor) and t.ft:  # (its deputy watched it until now: see Ending.release)
-            self.loop.perform(st.release_deputy())
-            t.flush(timeout=5.0)
+        if not self.hold_deputy:
+            self.release_deputy()
         if error is not None:
             raise error if isinstance(error, NlevelError) else ckpt.CheckpointError(str(error))
+
+    def release_deputy(self) -> None:
+        """The master (or the successor that finished its release), its report written: let its deputy go
+        (under fault tolerance it watches the master until then, and writes the report if it dies)."""
+        if (self._released_all or self.station.finished_release) and self.t.ft:
+            self.loop.perform(self.station.release_deputy())
+            self.t.flush(timeout=5.0)
 
     def _await_release(self) -> None:
         """Take part in the end (:mod:`nlevel.roles.ending`) until the master releases this rank.
@@ -509,10 +516,7 @@ class FarmRuntime:
             error = self.port.checkpoint_error
         complete = ledger.complete()
         failed = failed_tasks(ledger)
-        for f in failed:
-            where = f" on rank {f['rank']}" + (f" ({f['host']})" if f.get("host") else "") \
-                if f.get("rank", -1) >= 0 else ""
-            sys.stderr.write(f"nlevel: task {f['id']} FAILED ({f['kind']}{where}): {f['error']}\n")
+        sys.stderr.write(failed_lines(failed))
         sys.stderr.flush()
         if complete and error is None:
             code = 0
@@ -523,19 +527,9 @@ class FarmRuntime:
         self.loop.perform(st.release(code, {"complete": complete, "failed": failed}))
         self._released_all, self._closing, self.released_at = True, error, time.time()
 
-    def _left_after_release(self) -> set[int]:
-        """A deputy that finished a dead master's release: the ranks the master had released (they
-        exited, which ULFM tells it as deaths; they are not failures). Empty elsewhere."""
-        st = self.station
-        if not st.finished_release:
-            return set()
-        before = set(st.pending_release.failed)
-        master = {f.rank for f in st.failures if f.role == "master" and f.rank not in before}
-        return set(st.failed) - before - master
-
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
         st = self.station
-        left = self._left_after_release()
+        left = st.left_after_release()
         if left:
             totals = {**totals, "failures": [f for f in totals["failures"] if f["rank"] not in left]}
         report = build_report(

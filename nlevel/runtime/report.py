@@ -62,6 +62,15 @@ def failed_tasks(ledger: Ledger) -> list[dict[str, Any]]:
              "traceback": f.traceback} for _, f in sorted(ledger.failed.items())]
 
 
+def failed_lines(failed: list[dict[str, Any]]) -> str:
+    """One stderr line per failed id (of :func:`failed_tasks`), naming where it failed and why."""
+    out = []
+    for f in failed:
+        where = f" on rank {f['rank']}" + (f" ({f['host']})" if f.get("host") else "") if f.get("rank", -1) >= 0 else ""
+        out.append(f"nlevel: task {f['id']} FAILED ({f['kind']}{where}): {f['error']}\n")
+    return "".join(out)
+
+
 def build_report(
     *,
     config: Config,

@@ -24,9 +24,10 @@ def add_arguments(parser):
     parser.add_argument("--die-after", type=int, default=10)
     parser.add_argument("--die-in-setup", choices=["options", "dup", "window", "places"], default=None,
                         help="instead: rank --die-rank is SIGKILLed when the farm's set-up reaches this call")
-    parser.add_argument("--master-after-release", choices=["KILL", "STOP", "KILL-MID"], default=None,
+    parser.add_argument("--master-after-release", choices=["KILL", "STOP", "KILL-MID", "KILL-REPORT"], default=None,
                         help="instead: the master gets this signal right after it has released the job "
-                             "(KILL-MID: SIGKILL once it has released its deputy and one other rank only)")
+                             "(KILL-MID: SIGKILL once it has released its deputy and one other rank only; "
+                             "KILL-REPORT: SIGKILL as it is about to write the report file)")
 
 
 _count = 0
@@ -50,6 +51,17 @@ def _master_after_release(how):
     if os.environ.get("OMPI_COMM_WORLD_RANK", "0") != "0":
         return
     release = farm.FarmRuntime._release
+    if how == "KILL-REPORT":  # (the end done, the report built: only nlevel.run's writing of the file is left)
+        end = farm.FarmRuntime.end
+
+        def end_then_die(self):
+            end(self)
+            if self.report is not None:
+                open(os.path.join(LOG_DIR, "master-released"), "a").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        farm.FarmRuntime.end = end_then_die
+        return
     if how == "KILL-MID":  # (the Releases go to the deputy, then the others from the highest rank down)
         from nlevel.roles import ending
 

@@ -57,9 +57,13 @@ def test_a_python_level_death_is_a_detected_failure_not_a_hang(tmp_path, mpi_env
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("how", ["KILL", "STOP", "KILL-MID"])
+@pytest.mark.parametrize("how", ["KILL", "STOP", "KILL-MID", "KILL-REPORT"])
 def test_a_master_that_dies_after_releasing_the_job_is_reported_by_its_deputy(tmp_path, mpi_env, how):
-    """Issue 14: the master's death between its release and its report; the deputy writes the report."""
+    """Issue 14: the master's death between its release and its report file; the deputy writes the report.
+
+    KILL-REPORT: the master's end was done and only the file was left to write (its deputy
+    was released before the file was written, and nobody wrote one).
+    """
     proc, report, runs = run_job(tmp_path, mpi_env, 4, ["--n", "200", "--levels", "2",
                                                          "--die-task", "-1", "--master-after-release", how])
     assert (tmp_path / "logs" / "master-released").exists()

@@ -61,7 +61,8 @@ def test_without_ulfm_a_hung_task_stops_the_job_and_resuming_counts_on(tmp_path,
         if len(codes) < 3:
             assert proc.returncode == 75 and report["stopped"] == "task timeout", (codes, proc.stderr[-3000:])
             assert not report["failed_tasks"], codes
-    assert [(f["id"], f["kind"]) for f in report["failed_tasks"]] == [(17, "timeout")], codes
+    assert [(f["id"], f["kind"]) for f in report["failed_tasks"]] == [(17, "timeout")], \
+        (codes, report["stopped"], report["committed"], report["failures"], proc.stderr[-3000:])
     if proc.returncode == 75:  # (ids held after 17 by the given-up rank: this run stopped before them)
         assert report["stopped"] == "task timeout" and not report["complete"]
         proc, report, _ = run_job(tmp_path, mpi_env, 4, args, ft=False, timeout=120)
