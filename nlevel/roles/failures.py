@@ -263,9 +263,14 @@ class Failures(StationCore):
         # they hold of the rest. Without the deputy's copy, nothing is known to be free.
         self.reserve = self.mirror_fresh if self.mirror is not None and self.mirror_fresh >= 0 else self.total
         self.high_seen = self.reserve
+        self.free = RangeSet(ledger.remaining().within(self.reserve, self.total))
+        if not ledger.retry:
+            for tid in ledger.failed:
+                self.free.remove(tid, tid + 1)
         self.mirror = None
         self.failures = self.mirror_failures + self.failures  # recoveries the dead master had recorded
-        record = replace(_record(old.master, old, len(ledger.remaining()), how, self.rank, wall), ledger_from=source)
+        record = replace(_record(old.master, old, len(ledger.remaining()), how, self.rank, wall), ledger_from=source,
+                         free=len(self.free))
         self.planner = None  # the new master keeps the plan it finds
         if ledger.complete() and self.recon is None:
             # The job was over (the old master copies its last commits here before releasing
@@ -313,11 +318,8 @@ class Failures(StationCore):
                        c.task_retries if c.on_task_error == "retry" else 0, self.ft, self.epoch)
             d.queue = RangeSet()  # nothing below the mark is handed out before the reconciliation says what is free
             self._absorb(old_d, d)
-            fresh = RangeSet(self.ledger.remaining().within(self.reserve, self.total))
-            if not self.ledger.retry:
-                for tid in self.ledger.failed:
-                    fresh.remove(tid, tid + 1)
-            d.queue.add_ranges(fresh.ranges())
+            d.queue.add_ranges(self.free.ranges())  # (never handed out: see _take_over)
+            self.free = RangeSet()
             d.high = self.reserve
             d.count_timeouts(self.ledger.timeouts)
             for tid, k in self.mirror_deaths.items():  # (counted by the master that died)

@@ -111,6 +111,7 @@ class FailureRecord:
     quarantined: tuple[int, ...] = ()
     recovered_at: float | None = None
     recovery_ms: float | None = None
+    free: int = 0  # a dead master: ids above its mark, never handed out, that its successor handed out at once
 
     def closed(self, requeued: int, quarantined: tuple[int, ...], wall: float) -> FailureRecord:
         """This record with its recovery done at ``wall``: ``requeued`` ids back in a queue."""

@@ -12,7 +12,7 @@ from nlevel.roles.messages import (
 )
 
 FAILURE = TaskFailure(7, "raised", "ValueError: bad", 3, "h", "Traceback ...", 2)
-RECORD = FailureRecord(4, "region-master", 1, "ulfm", 0, 12.5, 9, 1.5, "deputy's copy", 9, (3,), 12.6, 100.0)
+RECORD = FailureRecord(4, "region-master", 1, "ulfm", 0, 12.5, 9, 1.5, "deputy's copy", 9, (3,), 12.6, 100.0, 7)
 
 # One message of every kind, every field set away from its default, so that a field
 # dropped or reordered by encode/decode shows.
