@@ -111,8 +111,6 @@ class StationCore:
         self.reserve = 0  # the master's mark, as the deputy last heard it
         self.mirror_fresh = -1  # the deputy: the master's mark (-1: not known)
         self.free = RangeSet()  # a new master: the ids above its predecessor's mark, queued at once
-        self.high_seen = 0  # the master: its publishing's high-water at the last look
-        self.mark_jump = 0  # ... and the most it rose between two looks
         self.mirrored_failures = 0
         self.mirror_to: int | None = None
         self.deferred: deque[tuple[int, Message]] = deque()

@@ -33,8 +33,7 @@ MIRROR_AGE = 0.005
 #: ... or once this many ids are waiting (a master that dies loses at most these commits).
 MIRROR_BATCH = 256
 #: The master's mark (no id above it handed out yet, see :meth:`Failures._move_mark`) moves
-#: this share of the job's ids ahead of what it published (or four times the most it published
-#: between two copies, if more).
+#: this share of the job's ids ahead of what it published.
 RESERVE_SHARE = 1 / 64
 
 
@@ -262,7 +261,6 @@ class Failures(StationCore):
         # the new master hands them out at once (see _relayout) while the survivors say what
         # they hold of the rest. Without the deputy's copy, nothing is known to be free.
         self.reserve = self.mirror_fresh if self.mirror is not None and self.mirror_fresh >= 0 else self.total
-        self.high_seen = self.reserve
         self.free = RangeSet(ledger.remaining().within(self.reserve, self.total))
         if not ledger.retry:
             for tid in ledger.failed:
@@ -491,15 +489,16 @@ class Failures(StationCore):
     def _move_mark(self, d: Master) -> bool:
         """Keep the mark copied to the deputy ahead of what the master publishes; return whether it moved.
 
-        The mark moves once publishing is within half a step of it (a step is at least four times
-        the most published between two calls), so the copy with the new mark is on its way before
-        any id above the old one is handed out. (If it were not, a takeover would hand out again
-        ids someone holds: run twice, never lost.)
+        The mark moves once publishing is within half a step of it, so the copy with the new
+        mark is on its way before any id above the old one is handed out, unless one round of
+        publishing took more than half a step (the job's first, say): then the copy goes out
+        just after, in the same step (before it, the deputy knows no mark: nothing is free).
+        A copy lost with the master would make a takeover hand out again ids someone holds:
+        run twice, never lost. Not by the most published in one round: the first round, a
+        range for every claimer, put the mark so far ahead that little was left above it.
         """
         total = d.ledger.total
-        self.mark_jump = max(self.mark_jump, d.high - self.high_seen)  # the most published between two calls
-        self.high_seen = d.high
-        step = max(int(total * RESERVE_SHARE), 4 * self.mark_jump, 1)
+        step = max(int(total * RESERVE_SHARE), 2)
         if self.reserve >= total or d.high + step // 2 <= self.reserve:
             return False
         self.reserve = min(total, max(self.reserve, d.high + step))

@@ -402,7 +402,7 @@ class Engine:
         deaths: list[tuple[float, int]] = []
         left: list[tuple[float, int]] = []
         fault = fault_handler(self, stations, loops, push, send_all, after_server, dead, ended, hand, busy_until,
-                              server_busy, deaths)
+                              server_busy, deaths, inbox)
         for t0, r in self.kills:
             push(t0, _KILL, r)
         for k, (t0, count) in enumerate(self.drains):

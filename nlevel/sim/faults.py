@@ -64,7 +64,8 @@ def as_dict(record: Any) -> dict[str, Any]:
 
 def fault_handler(engine: Any, stations: list[Station], loops: list[Loop], push: Any, send_all: Any,
                   after_server: Any, dead: list[bool], ended: list[bool], hand: list[tuple[int, int] | None],
-                  busy_until: list[float], server_busy: list[float], deaths: list[tuple[float, int]]) -> Any:
+                  busy_until: list[float], server_busy: list[float], deaths: list[tuple[float, int]],
+                  inbox: list[list[tuple[int, Any]]]) -> Any:
     """The handler of the opt-in fault events of ``engine``'s run (kills, failure notices, drains, and
     messages to a rank whose loop has ended); ``fault(kind, rank, payload, t)``."""
     c = engine.costs
@@ -96,6 +97,11 @@ def fault_handler(engine: Any, stations: list[Station], loops: list[Loop], push:
                 if x != r:
                     push(t + notice, _DIED, x, r)
         elif kind == _DIED:
+            # What reached it before the notice first, as the runtime's loop reads its messages
+            # before it learns of a death (the deputy's last copies from the master among them).
+            for src, msg in inbox[r]:
+                loops[r].handle(Received(src, msg))
+            inbox[r].clear()
             done = serve(r, t, Died((payload,)))
             send_all(r, done)
             if stations[r].server is not None:
