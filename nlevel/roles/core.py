@@ -110,7 +110,7 @@ class StationCore:
         # publishes and copies it to the deputy, which as the next master hands them out at once.
         self.reserve = 0  # the master's mark, as the deputy last heard it
         self.mirror_fresh = -1  # the deputy: the master's mark (-1: not known)
-        self.free = RangeSet()  # a new master: the ids above its predecessor's mark, queued at once
+        self.free = RangeSet()  # a new master: the ids above its predecessor's mark, queued on its next tick
         self.mirrored_failures = 0
         self.mirror_to: int | None = None
         self.deferred: deque[tuple[int, Message]] = deque()

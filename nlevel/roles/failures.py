@@ -316,9 +316,7 @@ class Failures(StationCore):
                        c.task_retries if c.on_task_error == "retry" else 0, self.ft, self.epoch)
             d.queue = RangeSet()  # nothing below the mark is handed out before the reconciliation says what is free
             self._absorb(old_d, d)
-            d.queue.add_ranges(self.free.ranges())  # (never handed out: see _take_over)
-            self.free = RangeSet()
-            d.high = self.reserve
+            d.high = self.reserve  # (the ids above it, self.free, go out on the next tick: see Station.tick)
             d.count_timeouts(self.ledger.timeouts)
             for tid, k in self.mirror_deaths.items():  # (counted by the master that died)
                 d.deaths[tid] = max(k, d.deaths.get(tid, 0))
@@ -440,6 +438,7 @@ class Failures(StationCore):
                 question.remove_ranges(taken.ranges())
             for tid in d.ledger.failed:
                 question.remove(tid, tid + 1)
+            question.remove_ranges(self.free.ranges())  # (free, not lost: queued on the next tick)
         else:
             question = recon.held.copy()
             if isinstance(d, Master):

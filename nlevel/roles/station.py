@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..ranges import RangeSet
 from .ending import Closing
 from .events import (
     Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Leave, Log, NeedIds, Ran,
@@ -175,6 +176,11 @@ class Station(Replanning, Closing, Watching):
         """Time-driven work: boards, batches, leases, the planner, the deputy's copy."""
         outs: list[Effect] = []
         d = self.server
+        if self.free and isinstance(d, Master):
+            # A new master's ids above its predecessor's mark: out once its questions to the
+            # survivors are (a survivor that finds ids first answers only after its range).
+            d.queue.add_ranges(self.free.ranges())
+            self.free = RangeSet()
         if self.planner is not None and isinstance(d, Master) and not self.final_asked and not self.failed:
             ledger = d.ledger
             plan = self.planner.tick(self.clock(), ledger.n_committed / max(1, ledger.total), d)

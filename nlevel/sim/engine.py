@@ -381,6 +381,8 @@ class Engine:
             planner = st.planner
             if planner is not None:
                 need = min(need, planner.next_check(t))
+            if st.free:
+                need = min(need, t + c.detect)  # a new master's free ids go out on its next tick
             if d.queue and any(o.waiting for o in d.owners.values()):
                 need = min(need, t + c.detect)  # claimers wait and there is something to publish
             if faulty and any(o.limbo for o in d.owners.values()):
