@@ -108,7 +108,7 @@ class StationCore:
         self.hand_sent: Ranges = ()  # the master: its own loop's holding as last copied
         # Ids at or above this mark were never handed out: the master keeps it ahead of what it
         # publishes and copies it to the deputy, which as the next master hands them out at once.
-        self.reserve = 0  # the master's mark, as the deputy last heard it
+        self.reserve = 0  # the master: its mark, copied to the deputy with every Mirror
         self.mirror_fresh = -1  # the deputy: the master's mark (-1: not known)
         self.free = RangeSet()  # a new master: the ids above its predecessor's mark, queued on its next tick
         self.mirrored_failures = 0

@@ -258,13 +258,10 @@ class Failures(StationCore):
                 source = "deputy's copy + checkpoint"
         self.ledger = ledger
         # Ids at or above the master's mark were never handed out: nobody can hold them, and
-        # the new master hands them out at once (see _relayout) while the survivors say what
-        # they hold of the rest. Without the deputy's copy, nothing is known to be free.
+        # the new master hands them out on its next tick (Station.tick) while the survivors say
+        # what they hold of the rest. Without the deputy's copy, nothing is known to be free.
         self.reserve = self.mirror_fresh if self.mirror is not None and self.mirror_fresh >= 0 else self.total
-        self.free = RangeSet(ledger.remaining().within(self.reserve, self.total))
-        if not ledger.retry:
-            for tid in ledger.failed:
-                self.free.remove(tid, tid + 1)
+        self.free = RangeSet(ledger.to_hand_out().within(self.reserve, self.total))
         self.mirror = None
         self.failures = self.mirror_failures + self.failures  # recoveries the dead master had recorded
         record = replace(_record(old.master, old, len(ledger.remaining()), how, self.rank, wall), ledger_from=source,
@@ -493,8 +490,7 @@ class Failures(StationCore):
         publishing took more than half a step (the job's first, say): then the copy goes out
         just after, in the same step (before it, the deputy knows no mark: nothing is free).
         A copy lost with the master would make a takeover hand out again ids someone holds:
-        run twice, never lost. Not by the most published in one round: the first round, a
-        range for every claimer, put the mark so far ahead that little was left above it.
+        run twice, never lost.
         """
         total = d.ledger.total
         step = max(int(total * RESERVE_SHARE), 2)

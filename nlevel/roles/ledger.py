@@ -109,6 +109,15 @@ class Ledger:
         """Return the ids not committed yet."""
         return self.committed.complement(self.total)
 
+    def to_hand_out(self) -> RangeSet:
+        """Return the ids a master hands out: not committed, and not recorded failed (unless
+        this run retries them: a retry of failed ids is asked for explicitly)."""
+        out = self.remaining()
+        if not self.retry:
+            for tid in self.failed:
+                out.remove(tid, tid + 1)
+        return out
+
     def commit(self, done: Iterable[tuple[int, int]], results: Iterable[tuple[int, Any]] = ()) -> int:
         """Commit finished ids and their results (a float, or ``width`` floats); return how many ids were new."""
         committed = self.committed

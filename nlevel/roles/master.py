@@ -42,10 +42,7 @@ class Master(Server):
         self.mirror_results: list[tuple[int, Result]] = []
         self.mirror_failed: list[TaskFailure] = []
         self.mirror_timeouts: dict[int, int] = {}  # timeouts counted since the last copy (id -> total)
-        self.queue = ledger.remaining()
-        if not ledger.retry:
-            for f in ledger.failed.values():
-                self.queue.remove(f.id, f.id + 1)  # (a retry of failed ids is asked for explicitly)
+        self.queue = ledger.to_hand_out()
         # Ids handed out under an earlier plan (or to a non-child) not yet committed or
         # given back: the job is not finished while any is left.
         self.carried = RangeSet()
