@@ -326,8 +326,11 @@ def test_resume_script_forwards_usr1_to_the_launcher_and_requeues_on_75(tmp_path
     fake = tmp_path / "fake-mpirun"
     fake.write_text(
         "#!/bin/bash\n"
+        # (the trap before the file that says it started: a USR1 sent in between killed this
+        # stand-in, and its sleep held the pipe open past the test's timeout: CI at 63cf3e9)
+        "trap 'echo \"launcher got USR1\"; kill $!; exit 75' USR1\n"
+        "sleep 30 &\n"
         f'echo "launched: $*" > {started}\n'
-        "sleep 30 & trap 'echo \"launcher got USR1\"; kill $!; exit 75' USR1\n"
         "wait\n"
     )
     fake.chmod(0o755)
