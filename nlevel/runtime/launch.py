@@ -19,7 +19,8 @@ The wrapper turns that policy off (``PRTE_MCA_state_base_error_non_zero_exit=0``
 then returns 0 whatever the ranks' statuses, so each nlevel process that ends with a non-zero
 status writes it to a file in ``$NLEVEL_EXIT_DIR`` (:func:`record_exit`), and the wrapper exits
 with the largest of them. A process that died on its own (a task's ``os._exit``, a signal)
-writes nothing: the job's status is the one the survivors agreed on.
+writes nothing: the job's status is the one the survivors agreed on. When no process of
+nlevel's survived to its release (:func:`never_released`), the wrapper exits with 1.
 
 Under ``--with-ft`` on one node it also watches the start (:mod:`.startwatch`): a process that
 dies before MPI is up leaves the others waiting in ``MPI_Init`` for ever, and nothing has run
@@ -43,7 +44,7 @@ from typing import Sequence
 from .machine import usable_cores
 from .startwatch import FAILURES, RETRIES, START_DIR, Verdict, Watch, markers, said
 
-__all__ = ["main", "build_command", "record_exit", "remove_stale_sessions", "EXIT_DIR"]
+__all__ = ["main", "build_command", "record_exit", "never_released", "remove_stale_sessions", "EXIT_DIR"]
 
 #: The environment variable naming the directory where ranks leave non-zero exit statuses.
 EXIT_DIR = "NLEVEL_EXIT_DIR"
@@ -60,6 +61,17 @@ def record_exit(code: int) -> None:
             f.write(f"{int(code)}\n")
     except (OSError, ValueError, TypeError):
         pass  # (the directory is gone: the wrapper has ended)
+
+
+def never_released(start_dir: str) -> bool:
+    """Whether nlevel processes were up (MPI initialised: ``up`` markers) but none was ever
+    released at the job's end (``done``): every one of them died, and none left a status.
+
+    Under ``--with-ft`` mpiexec returns 0 whatever its processes did; a job whose every
+    process was killed (or killed itself on an unhandled error) must not look like success.
+    """
+    _, up, _, done = markers(start_dir)
+    return bool(up) and not done
 
 
 def _worst_recorded(where: str) -> int:
@@ -286,7 +298,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 full_env[FAILURES] = json.dumps(failures)
             code, verdict = _run_forwarding_signals(cmd, full_env, start_dir, where)
             if verdict is None:
-                return code if code else _worst_recorded(where)
+                if code:
+                    return code
+                worst = _worst_recorded(where)
+                if not worst and start_dir is not None and never_released(start_dir):
+                    print("nlevel-mpiexec: every process of the job ended before the job did (killed, crashed or "
+                          "exited on its own: the output above says how), and mpiexec under --with-ft returns 0 "
+                          "whatever they did: exit status 1", file=sys.stderr, flush=True)
+                    return 1
+                return worst
             if verdict.how == "exited":
                 status = _worst_recorded(where) or 1
                 print(f"nlevel-mpiexec: rank {verdict.rank} (pid {verdict.pid}) exited with status {status} before "

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from nlevel.runtime import launch
 
 from ..conftest import BIN
@@ -31,3 +33,15 @@ def test_dry_run_prints_the_effective_command_for_this_machine():
     if launch.one_node([]) and "OMPI_MCA_osc" not in os.environ:
         expected.update(OMPI_MCA_osc="^ucx")  # one node: the shared-memory window does every one-sided operation
     assert env == expected
+
+
+@pytest.mark.timeout(120)
+def test_under_ulfm_a_job_whose_every_process_died_exits_non_zero(tmp_path, mpi_env):
+    """mpiexec --with-ft returns 0 when every process is killed; nlevel-mpiexec must not (issue 14)."""
+    script = tmp_path / "die.py"
+    script.write_text("import os, signal\nimport nlevel.runtime.transport  # (MPI is up)\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([os.path.join(BIN, "nlevel-mpiexec"), "--with-ft", "ulfm", "-n", "2", sys.executable,
+                           str(script)], capture_output=True, text=True, timeout=100, env=mpi_env, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "every process of the job ended before the job did" in proc.stderr

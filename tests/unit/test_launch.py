@@ -115,3 +115,15 @@ def test_under_ulfm_a_non_zero_exit_does_not_end_the_job_and_statuses_come_back_
     launch.record_exit(75)
     (tmp_path / "1").write_text("1\n")
     assert launch._worst_recorded(str(tmp_path)) == 75
+
+
+def test_a_job_whose_every_process_died_before_its_release_is_not_a_success(tmp_path):
+    """Under --with-ft mpiexec returns 0 whatever its processes did (issue 14: no silent loss)."""
+    assert not launch.never_released(str(tmp_path))  # another program: no marker, mpiexec's status stands
+    (tmp_path / "start-0").touch()
+    assert not launch.never_released(str(tmp_path))  # (not past MPI_Init: e.g. --help)
+    (tmp_path / "up-0").touch()
+    (tmp_path / "up-1").touch()
+    assert launch.never_released(str(tmp_path))
+    (tmp_path / "done-1").touch()
+    assert not launch.never_released(str(tmp_path))  # a rank was released: the job ended
