@@ -56,9 +56,6 @@ class Failures(StationCore):
         old = self.hierarchy
         self.failed = failed = self.failed | new
         outs: list[Effect] = []
-        if tell:
-            gone = Gone(tuple(sorted(new)), how)
-            outs += [Send(r, gone) for r in range(self.size) if r not in failed and r != self.rank]
         for x in new:
             self.endings.pop(x, None)
         nh = build(self.size, old.plan, failed)
@@ -135,6 +132,13 @@ class Failures(StationCore):
             assert self.recon is not None
             names = tuple(sorted(failed))
             outs += [Send(r, Holding((), names, True, self.recon.token(r))) for r in sorted(ask - {self.rank})]
+        if tell:
+            # After the questions: a survivor keeps a question until it knows of the death (see
+            # defer), then answers it in the same look. Told first, it learned of the death and
+            # often found the question only one range later (measured: a master's recovery
+            # waited 25 ms more for such a survivor, 8 ranks on 2 cores).
+            gone = Gone(tuple(sorted(new)), how)
+            outs += [Send(r, gone) for r in range(self.size) if r not in failed and r != self.rank]
         if isinstance(self.server, Master) and self.ft:
             dep = deputy(nh)
             if (dep if dep is not None else -1) != self.mirror_to:

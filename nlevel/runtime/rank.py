@@ -291,6 +291,11 @@ class Runner:
                         loop.handle(ran)  # (what ran is recorded before what the messages say)
                         ran = None
                     loop.step()
+                    # A slave that has just become a server (it took over from a dead master, or a
+                    # plan change made it one) serves from now on, not only between its own ranges:
+                    # a new master that answered the survivors and stocked its board once per range
+                    # (tens of milliseconds) was most of a master's recovery time.
+                    self._serving()
             hand = loop.need_ids(ran)  # (what ran, and the next range: one event)
             if hand is not None or st.ended:
                 return hand
