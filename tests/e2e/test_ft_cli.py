@@ -84,7 +84,7 @@ def test_a_death_during_set_up_is_survived_not_a_hang(tmp_path, mpi_env, step, r
                                                          "--die-rank", str(rank), "--die-in-setup", step])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["complete"] and report["committed"] == 300
-    assert [(f["rank"], f["how"]) for f in report["failures"]] == [(rank, "died during set-up")]
+    assert [(f["rank"], f["how"]) for f in report["failures"]] == [(rank, "died during set-up")], proc.stderr[-3000:]
     assert report["user_ranks"] == [r for r in range(7) if r != rank]
     assert f"rank(s) {rank} of the job died while the farm was being set up" in proc.stderr
     assert completed_ids(tmp_path / "run.h5") == set(range(300))
