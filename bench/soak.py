@@ -142,7 +142,7 @@ def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dic
            "kill_to_end_s": res.ended_at - res.kills[0].time if res.kills else None,
            "leftover": res.leftover, "kills": [vars(x) for x in res.kills], "audit": a,
            "report_failures": [{key: f.get(key) for key in ("rank", "role", "how", "held", "requeued",
-                                                            "recovery_ms", "detected_at", "recovered_at")}
+                                                            "recovery_ms", "waited_ms", "detected_at", "recovered_at")}
                                for f in rep.get("failures") or []],
            "failed_tasks": [f["id"] for f in rep.get("failed_tasks") or []],
            "stderr_tail": res.stderr[-1500:] if (res.hung or res.returncode) else ""}

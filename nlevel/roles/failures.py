@@ -108,9 +108,13 @@ class Failures(StationCore):
             for x in sorted(new & (self.recon.expected | set(self.recon.got))):
                 mine = reconciler(x, old, nh) == self.rank
                 ask |= self.recon.member_died(x, expected(x, old, failed) if mine else set())
+                self.recon.last_death = wall  # (its recovery waited for this death to be found)
             for x in sorted(new):
                 # Whoever answered and had x as its parent may count completions it sent x: stale.
-                ask |= self.recon.reask(expected(x, old, failed))
+                stale = self.recon.reask(expected(x, old, failed))
+                if stale:
+                    self.recon.last_death = wall
+                ask |= stale
         took_over = nh.master == self.rank and old.master != self.rank
         if took_over:
             took, effects = self._take_over(old, nh, wall, how)
@@ -463,7 +467,7 @@ class Failures(StationCore):
         n, quarantined = d.requeue_lost(lost, *where, count=not recon.everything)
         wall = self.wall()
         for record in recon.records:
-            self.failures.append(record.closed(n, tuple(quarantined), wall))
+            self.failures.append(record.closed(n, tuple(quarantined), wall, since=recon.last_death))
             n, quarantined = 0, []  # counted once, on the first record
         self.recon = None
         d.reconciling = False

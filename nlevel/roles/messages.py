@@ -112,13 +112,22 @@ class FailureRecord:
     recovered_at: float | None = None
     recovery_ms: float | None = None
     free: int = 0  # a dead master: ids above its mark, never handed out, that its successor handed out at once
+    #: The recovery waited this long for another death to be found (a survivor it needed answers
+    #: from died, or hung until its lease expired): ``recovery_ms`` counts from then.
+    waited_ms: float | None = None
 
-    def closed(self, requeued: int, quarantined: tuple[int, ...], wall: float) -> FailureRecord:
-        """This record with its recovery done at ``wall``: ``requeued`` ids back in a queue."""
+    def closed(self, requeued: int, quarantined: tuple[int, ...], wall: float, since: float = 0.0) -> FailureRecord:
+        """This record with its recovery done at ``wall``: ``requeued`` ids back in a queue.
+
+        ``since``: when the last death this recovery had to wait for was found (its answers
+        were void and asked again); the recovery is counted from then, the wait apart.
+        """
         from dataclasses import replace
 
+        start = max(self.detected_at, since)
         return replace(self, requeued=self.requeued + requeued, quarantined=self.quarantined + quarantined,
-                       recovered_at=wall, recovery_ms=round((wall - self.detected_at) * 1e3, 3))
+                       recovered_at=wall, recovery_ms=round((wall - start) * 1e3, 3),
+                       waited_ms=round((start - self.detected_at) * 1e3, 3) if start > self.detected_at else None)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""

@@ -76,6 +76,7 @@ class Reconciliation:
         self._tokens = 0
         self.got_lost: dict[int, tuple[tuple[int, Ranges], ...]] = {}  # answers' "passed to the dead"
         self.got_sent: dict[int, RangeSet] = {}  # answers' "passed to a live parent"
+        self.last_death = 0.0  # (wall) when a later death voided answers this waits for (see FailureRecord.closed)
 
     def add_dead(self, held: RangeSet, survivors: set[int], record: FailureRecord | None) -> set[int]:
         """A server died holding ``held``; return which of ``survivors`` to ask what they hold."""
