@@ -144,4 +144,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .launch import record_exit
+
+    _code = main()
+    record_exit(_code)  # (under nlevel-mpiexec --with-ft: it ended, it did not die)
+    sys.exit(_code)

@@ -19,8 +19,9 @@ The wrapper turns that policy off (``PRTE_MCA_state_base_error_non_zero_exit=0``
 then returns 0 whatever the ranks' statuses, so each nlevel process that ends with a non-zero
 status writes it to a file in ``$NLEVEL_EXIT_DIR`` (:func:`record_exit`), and the wrapper exits
 with the largest of them. A process that died on its own (a task's ``os._exit``, a signal)
-writes nothing: the job's status is the one the survivors agreed on. When no process of
-nlevel's survived to its release (:func:`never_released`), the wrapper exits with 1.
+writes nothing: the job's status is the one the survivors agreed on. On one node (where the
+start is watched), when no process of nlevel's was released at the end or ended leaving a
+status (:func:`never_released`), every one died: the wrapper exits with 1.
 
 Under ``--with-ft`` on one node it also watches the start (:mod:`.startwatch`): a process that
 dies before MPI is up leaves the others waiting in ``MPI_Init`` for ever, and nothing has run
@@ -52,9 +53,9 @@ _NON_ZERO = "PRTE_MCA_state_base_error_non_zero_exit"
 
 
 def record_exit(code: int) -> None:
-    """Leave this process's exit status for ``nlevel-mpiexec`` (only under it, and only when non-zero)."""
+    """Leave this process's exit status for ``nlevel-mpiexec`` (only under it; 0 too: it ended, it did not die)."""
     where = os.environ.get(EXIT_DIR)
-    if not code or not where:
+    if not where:
         return
     try:
         with open(os.path.join(where, str(os.getpid())), "w") as f:
@@ -63,15 +64,22 @@ def record_exit(code: int) -> None:
         pass  # (the directory is gone: the wrapper has ended)
 
 
-def never_released(start_dir: str) -> bool:
-    """Whether nlevel processes were up (MPI initialised: ``up`` markers) but none was ever
-    released at the job's end (``done``): every one of them died, and none left a status.
+def never_released(start_dir: str, exit_dir: str) -> bool:
+    """Whether nlevel processes were up (MPI initialised: ``up`` markers in ``start_dir``) but
+    none was released at the job's end (``done``) and none ended leaving a status in
+    ``exit_dir`` (:func:`record_exit`, 0 included): every one of them died.
 
     Under ``--with-ft`` mpiexec returns 0 whatever its processes did; a job whose every
     process was killed (or killed itself on an unhandled error) must not look like success.
+    A script's process that ends without a farm and without an error (nothing to do) leaves
+    no status: it counts as ended only if another process of the job did.
     """
     _, up, _, done = markers(start_dir)
-    return bool(up) and not done
+    try:
+        statuses = any(name.isdigit() for name in os.listdir(exit_dir))
+    except OSError:
+        statuses = False
+    return bool(up) and not done and not statuses
 
 
 def _worst_recorded(where: str) -> int:
@@ -301,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if code:
                     return code
                 worst = _worst_recorded(where)
-                if not worst and start_dir is not None and never_released(start_dir):
+                if not worst and start_dir is not None and never_released(start_dir, where):
                     print("nlevel-mpiexec: every process of the job ended before the job did (killed, crashed or "
                           "exited on its own: the output above says how), and mpiexec under --with-ft returns 0 "
                           "whatever they did: exit status 1", file=sys.stderr, flush=True)

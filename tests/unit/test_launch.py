@@ -1,5 +1,6 @@
 """``nlevel-mpiexec``: the options and variables it adds, decided without starting anything."""
 
+import os
 import signal
 import sys
 
@@ -111,7 +112,7 @@ def test_under_ulfm_a_non_zero_exit_does_not_end_the_job_and_statuses_come_back_
     assert "PRTE_MCA_state_base_error_non_zero_exit" not in env
     monkeypatch.setenv(launch.EXIT_DIR, str(tmp_path))
     launch.record_exit(0)
-    assert launch._worst_recorded(str(tmp_path)) == 0  # (a zero status is not written)
+    assert launch._worst_recorded(str(tmp_path)) == 0 and os.listdir(tmp_path)  # (0 too: it ended, it did not die)
     launch.record_exit(75)
     (tmp_path / "1").write_text("1\n")
     assert launch._worst_recorded(str(tmp_path)) == 75
@@ -119,11 +120,17 @@ def test_under_ulfm_a_non_zero_exit_does_not_end_the_job_and_statuses_come_back_
 
 def test_a_job_whose_every_process_died_before_its_release_is_not_a_success(tmp_path):
     """Under --with-ft mpiexec returns 0 whatever its processes did (issue 14: no silent loss)."""
-    assert not launch.never_released(str(tmp_path))  # another program: no marker, mpiexec's status stands
-    (tmp_path / "start-0").touch()
-    assert not launch.never_released(str(tmp_path))  # (not past MPI_Init: e.g. --help)
-    (tmp_path / "up-0").touch()
-    (tmp_path / "up-1").touch()
-    assert launch.never_released(str(tmp_path))
-    (tmp_path / "done-1").touch()
-    assert not launch.never_released(str(tmp_path))  # a rank was released: the job ended
+    start, exits = tmp_path / "start", tmp_path / "exits"
+    start.mkdir()
+    exits.mkdir()
+    assert not launch.never_released(str(start), str(exits))  # another program: no marker, mpiexec's status stands
+    (start / "start-0").touch()
+    assert not launch.never_released(str(start), str(exits))  # (not past MPI_Init)
+    (start / "up-0").touch()
+    (start / "up-1").touch()
+    assert launch.never_released(str(start), str(exits))
+    (exits / "4242").write_text("0\n")
+    assert not launch.never_released(str(start), str(exits))  # a process ended (e.g. --help): not all died
+    (exits / "4242").unlink()
+    (start / "done-1").touch()
+    assert not launch.never_released(str(start), str(exits))  # a rank was released: the job ended
