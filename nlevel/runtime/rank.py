@@ -280,7 +280,8 @@ class Runner:
             self.serve()  # a serve-only server: its loop is the job's
             return None
         with self.lock:
-            if self._thread is None:
+            th = self._thread
+            if th is None or not th.is_alive():  # (a server thread whose serving is over has ended)
                 now = clock()
                 if st.server is not None or now - self._last_tick >= self.look:
                     # A server with no thread (one process) steps here: its checkpoint, signals and
