@@ -189,22 +189,28 @@ def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
             role = f"new {t['role']}" if f["role"] == "new-leader" else f["role"]
             if f.get("reported_role") == "starting":  # (dead before MPI was up: the launcher started the job again)
                 role = "starting"
-            r = rows.setdefault(f"{role}/{f['signal']}", {"detect": [], "recovery": [], "n": []})
+            r = rows.setdefault(f"{role}/{f['signal']}", {"detect": [], "recovery": [], "n": [], "waited": []})
             r["n"].append(1)
             if f["detect_ms"] is not None:
                 r["detect"].append(float(f["detect_ms"]))
             if f["recovery_ms"] is not None:
                 r["recovery"].append(float(f["recovery_ms"]))
+            if f.get("waited_ms"):
+                r["waited"].append(float(f["waited_ms"]))
         if t["kind"] in ("exit", "hang"):  # a task's death: only the report knows the role and the recovery
             for f in t["report_failures"]:
-                r = rows.setdefault(f"{f['role']}/{t['kind']}", {"detect": [], "recovery": [], "n": []})
+                r = rows.setdefault(f"{f['role']}/{t['kind']}", {"detect": [], "recovery": [], "n": [], "waited": []})
                 r["n"].append(1)
                 if f["recovery_ms"] is not None:
                     r["recovery"].append(float(f["recovery_ms"]))
+                if f.get("waited_ms"):
+                    r["waited"].append(float(f["waited_ms"]))
     per_role = {}
     for key, r in sorted(rows.items()):
         per_role[key] = {"kills": len(r["n"]), "matched": len(r["recovery"]),
-                         **{f"{k}_p{q}": percentile(r[k], q) for k in ("detect", "recovery") for q in (50, 99)}}
+                         **{f"{k}_p{q}": percentile(r[k], q) for k in ("detect", "recovery") for q in (50, 99)},
+                         # recoveries that first waited for another death to be found (counted from then)
+                         "waited": len(r["waited"]), "waited_max": max(r["waited"]) if r["waited"] else None}
     s["per_role"] = per_role
     lines = [
         "| trials | deaths landed | completed | hangs | non-zero exits | ids lost | double commits | re-runs (bound) |",
@@ -213,14 +219,17 @@ def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
         f"| {s['completed']} | {s['hangs']} | {s['failed_exit']} {s['failed_exit_codes'] or ''} | {s['lost_ids']} "
         f"| {s['double_commits']} | {s['re_executed']} ({s['bound'] if s['bound'] is not None else 'n/a'}) |",
         "",
-        "| role / death | deaths | with a report record | detect p50 / p99 (ms) | recovery p50 / p99 (ms) | target p99 |",
-        "|---|---|---|---|---|---|",
+        "| role / death | deaths | with a report record | detect p50 / p99 (ms) | recovery p50 / p99 (ms) | target p99 "
+        "| waited for another death first (n, longest ms) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key, pr in per_role.items():
         role = key.split("/")[0].removeprefix("new ")
         target = TARGET_MS.get(role)
+        waited = f"{pr['waited']}, {_ms(pr['waited_max'])}" if pr.get("waited") else "-"
         lines.append(f"| {key} | {pr['kills']} | {pr['matched']} | {_ms(pr['detect_p50'])} / {_ms(pr['detect_p99'])} "
-                     f"| {_ms(pr['recovery_p50'])} / {_ms(pr['recovery_p99'])} | {f'{target} ms' if target else '-'} |")
+                     f"| {_ms(pr['recovery_p50'])} / {_ms(pr['recovery_p99'])} | {f'{target} ms' if target else '-'} "
+                     f"| {waited} |")
     return s, "\n".join(lines)
 
 

@@ -229,12 +229,16 @@ def render_soak(results: Results) -> list[str]:
         out.append("")
         roles = s.get("per_role", {})
         if roles:
+            waits = any("waited" in v for v in roles.values())  # (soak results from 27f1df3 on)
             out += table(["role / death", "deaths", "with a report record", "detect p50 / p99 (ms)",
-                          "recovery p50 / p99 (ms)", "target p99"],
+                          "recovery p50 / p99 (ms)", "target p99"]
+                         + (["waited for another death first (n, longest ms)"] if waits else []),
                          [[k, str(v.get("kills", "–")), str(v.get("matched", "–")),
                            f"{_num(v.get('detect_p50'), '.1f')} / {_num(v.get('detect_p99'), '.1f')}",
                            f"{_num(v.get('recovery_p50'), '.1f')} / {_num(v.get('recovery_p99'), '.1f')}",
                            _SOAK_TARGETS.get(k.split("/")[0].removeprefix("new "), "–")]
+                          + ([f"{v['waited']}, {_num(v.get('waited_max'), '.1f')}" if v.get("waited") else "–"]
+                             if waits else [])
                           for k, v in sorted(roles.items())])
             out.append("")
         out += [f"{a.get('n', '?')} tasks of {a.get('sleep_ms', '?')} ms, --ft {a.get('ft', '?')}, "

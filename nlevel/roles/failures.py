@@ -106,15 +106,16 @@ class Failures(StationCore):
                 ask |= self.recon.add_dead(d.carried.copy(), others, None)
         if self.recon is not None:
             for x in sorted(new & (self.recon.expected | set(self.recon.got))):
+                if x in self.recon.expected:
+                    self.recon.last_death = wall  # (its recovery waited for x's answer: x's death ends that wait)
                 mine = reconciler(x, old, nh) == self.rank
                 ask |= self.recon.member_died(x, expected(x, old, failed) if mine else set())
-                self.recon.last_death = wall  # (its recovery waited for this death to be found)
             for x in sorted(new):
                 # Whoever answered and had x as its parent may count completions it sent x: stale.
-                stale = self.recon.reask(expected(x, old, failed))
-                if stale:
-                    self.recon.last_death = wall
-                ask |= stale
+                stale = expected(x, old, failed)
+                if stale & set(self.recon.got):
+                    self.recon.last_death = wall  # (answers in hand are void: the recovery waits for them again)
+                ask |= self.recon.reask(stale)
         took_over = nh.master == self.rank and old.master != self.rank
         if took_over:
             took, effects = self._take_over(old, nh, wall, how)

@@ -114,7 +114,7 @@ def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
         report's ``failures[].held``, None when the report does not give it),
         ``unreported`` (killed ranks missing from ``failures``) and ``failures`` (per
         kill: role, signal, ``reported_role`` (the report's, e.g. ``starting``), ``detect_ms`` =
-        detected_at - kill time, ``recovery_ms`` as reported, ``kill_to_recovered_ms``).
+        detected_at - kill time, ``recovery_ms`` and ``waited_ms`` as reported, ``kill_to_recovered_ms``).
     """
     from nlevel.errors import CheckpointError
     try:
@@ -135,7 +135,7 @@ def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
     for k in kills:
         f = by_rank.get(k.rank)
         row: dict[str, Any] = {"rank": k.rank, "role": k.role, "signal": k.signal, "reported_role": None,
-                               "detect_ms": None, "recovery_ms": None, "kill_to_recovered_ms": None}
+                               "detect_ms": None, "recovery_ms": None, "waited_ms": None, "kill_to_recovered_ms": None}
         if f is not None:
             row["reported_role"] = f.get("role")  # ("starting": it died before MPI was up; the job started again)
             if f.get("detected_at") is not None:
@@ -143,6 +143,7 @@ def audit(total: int, log_dirs: Sequence[str | os.PathLike[str]],
             if f.get("recovered_at") is not None:
                 row["kill_to_recovered_ms"] = (float(f["recovered_at"]) - k.time) * 1e3
             row["recovery_ms"] = f.get("recovery_ms")
+            row["waited_ms"] = f.get("waited_ms")  # (the recovery waited for another death to be found first)
         matched.append(row)
     re_executed = sum(len(r) - 1 for r in runs.values())
     return {
