@@ -300,6 +300,11 @@ class Farm:
         """When this rank's farm was made (unix seconds)."""
         return self._rt.started
 
+    @property
+    def job(self) -> str:
+        """This job's id, the same on every rank (the report's ``job``; a resumed run has a new one)."""
+        return self._rt.job
+
     def agree_status(self, status: int) -> int:
         """The worst of every surviving rank's ``status`` (collective; after the farm ended)."""
         return self._rt.agree_status(status)

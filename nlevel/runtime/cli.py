@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not told:  # (a failed write that stopped the job was said once, when it happened)
                 print(f"nlevel: error: {_say(exc)}", file=sys.stderr, flush=True)
     if (farm is not None and farm.report is not None and "written_by" in farm.report and options.report
-            and master_wrote(options.report, farm.started)):
+            and master_wrote(options.report, farm.job)):
         farm.report = None  # (the master was not dead: it exited just after releasing this rank; its report stands)
     if farm is not None and farm.report is not None:  # the master (rank 0 unless it died)
         report = farm.report

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from typing import Any
 
 from .._version import __version__
@@ -202,7 +203,7 @@ class FarmRuntime:
             if failure is not None:
                 raise failure
             raise value
-        cfg, plan, path, meta, total0, lock_token, self.costs_from = value
+        cfg, plan, path, meta, total0, lock_token, self.costs_from, self.job = value
         self.plan, self._lock_token = plan, lock_token
         self.config: Config = cfg
         self.checkpoint: str | None = path
@@ -357,7 +358,7 @@ class FarmRuntime:
             sys.stderr.write(f"nlevel: retrying {len(again)} failed task(s) recorded in {path}: {shown}\n"
                              if again else f"nlevel: --retry-failed: {path or 'no checkpoint'} records no failed "
                              f"task; running what is not done\n")
-        return config, plan, path, meta, total, token, costs_from
+        return config, plan, path, meta, total, token, costs_from, uuid.uuid4().hex  # (the last: this job's id)
 
     def _boards(self, cfg: Config, boards: window.WindowBoards | None, window_failed: bool, self_test: str,
                 slots: tuple[int, int]) -> tuple[Any, str]:
@@ -539,6 +540,7 @@ class FarmRuntime:
                 (f for f in totals["failures"] if not f["how"].startswith("drained")), key=lambda f: f["detected_at"]),
         )
         report["setup_s"], report["released_at"] = self.setup_s, self.released_at  # (unix s: the end)
+        report["job"] = self.job  # (the same on every rank: a deputy tells its master's report of this job by it)
         if self.setup_deaths:  # (ranks of the user's communicator; the farm's own were renumbered after them)
             report["failures"] = self.setup_deaths + report["failures"]
             report["user_ranks"] = user_ranks(self.t.comm, self.user_comm)

@@ -139,18 +139,19 @@ def build_report(
     return report
 
 
-def master_wrote(path: str | os.PathLike[str], since: float) -> bool:
-    """Whether ``path`` holds a report written by a job's master since ``since`` (unix s).
+def master_wrote(path: str | os.PathLike[str], job: str) -> bool:
+    """Whether ``path`` holds the report of job ``job`` written by its master.
 
     A deputy that finished the release of a master it took for dead (see the ``written_by``
     field) must not replace that master's report: the master may only have exited right
-    after releasing it, its report written.
+    after releasing it, its report written. The job's id (every rank has it from the set-up)
+    tells this job's report from an earlier run's on the same path; a file's modification time
+    could not (a shared file system stamps it with the file server's clock).
     """
     try:
-        if os.path.getmtime(path) < since:
-            return False
         with open(path) as f:
-            return "written_by" not in json.load(f)
+            report = json.load(f)
+        return isinstance(report, dict) and report.get("job") == job and "written_by" not in report
     except (OSError, ValueError, TypeError):
         return False
 

@@ -71,6 +71,7 @@ def test_a_master_that_dies_after_releasing_the_job_is_reported_by_its_deputy(tm
     assert report is not None, proc.stderr[-3000:]
     assert report["complete"] and report["committed"] == 200
     assert report["written_by"]["rank"] == 1, report.get("written_by")
+    assert len(report["job"]) == 32  # (the job's id, every rank's: how a deputy tells this job's report)
     assert [f["rank"] for f in report["failures"]] == [0] and report["failures"][0]["role"] == "master"
     assert completed_ids(tmp_path / "run.h5") == set(range(200))
     assert max(runs.values()) == 1  # the job was over: nothing ran again

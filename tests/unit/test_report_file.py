@@ -19,27 +19,30 @@ def test_a_report_is_written_whole_and_readable(tmp_path):
 def test_the_masters_report_of_this_job_stands(tmp_path):
     """The master exited right after releasing its deputy, its report written: the deputy must not replace it."""
     path = tmp_path / "r.json"
-    started = time.time() - 5
-    write_json(path, {"complete": True})
-    assert master_wrote(path, started)
+    write_json(path, {"complete": True, "job": "abc"})
+    assert master_wrote(path, "abc")
 
 
-def test_a_report_from_an_earlier_run_does_not_stand(tmp_path):
+def test_a_report_from_an_earlier_run_does_not_stand_whatever_its_time(tmp_path):
+    """An earlier run's report on the same path (the run being resumed): this job's deputy writes its own,
+    even when the file looks newer than this job (a file server's clock ahead of the nodes')."""
     path = tmp_path / "r.json"
-    write_json(path, {"complete": False})
-    old = time.time() - 3600
-    os.utime(path, (old, old))
-    assert not master_wrote(path, time.time() - 5)  # (the run being resumed: this job's deputy writes its own)
+    write_json(path, {"complete": False, "job": "earlier"})
+    future = time.time() + 3600
+    os.utime(path, (future, future))
+    assert not master_wrote(path, "abc")
+    write_json(path, {"complete": False})  # (a report from before job ids)
+    assert not master_wrote(path, "abc")
 
 
 def test_a_deputys_report_does_not_stand_for_a_master(tmp_path):
     path = tmp_path / "r.json"
-    write_json(path, {"complete": True, "written_by": {"rank": 1, "why": "..."}})
-    assert not master_wrote(path, time.time() - 5)
+    write_json(path, {"complete": True, "job": "abc", "written_by": {"rank": 1, "why": "..."}})
+    assert not master_wrote(path, "abc")
 
 
 def test_no_file_or_an_unreadable_one_does_not_stand(tmp_path):
-    assert not master_wrote(tmp_path / "missing.json", 0.0)
+    assert not master_wrote(tmp_path / "missing.json", "abc")
     bad = tmp_path / "half.json"
     bad.write_text('{"complete": tr')
-    assert not master_wrote(bad, 0.0)
+    assert not master_wrote(bad, "abc")
