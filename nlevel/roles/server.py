@@ -33,6 +33,7 @@ from ..model.hierarchy import Hierarchy
 from ..ranges import RangeSet, Ranges
 from .board import MAX_LEN, Memory, Owner
 from .messages import Report, Result, TaskFailure
+from .suspects import among, isolate
 
 __all__ = ["LEAF", "UPPER", "Boards", "Child", "Server", "Sizing"]
 
@@ -437,7 +438,17 @@ class Server:
                 want = min(want, claimers - owner.unclaimed_slots)
             if want <= 0:
                 continue
+            kept: Ranges = ()
+            if kind == UPPER and self.suspects and self.live[LEAF]:
+                # A block goes to a sub-region, which does not know what is suspect here and would
+                # hand a suspect out with its neighbours (each death then counted against them too,
+                # and ids that never ran quarantined with it): suspects stay for the leaf board,
+                # one per range (with no claimer there, they go up as before).
+                kept = among(queue, self.suspects)
+                queue.remove_ranges(kept)
             ranges = queue.take_pieces(size, want)
+            if kept:
+                queue.add_ranges(kept)
             if ranges and kind == LEAF and self.suspects:
                 ranges = self._isolate(ranges, want)
             if ranges:
@@ -454,32 +465,9 @@ class Server:
             self.suspects.add(tid, tid + 1)
 
     def _isolate(self, ranges: Ranges, most: int) -> Ranges:
-        """``ranges`` with every suspect id (see :attr:`suspects`) in a range of its own; at most
-        ``most`` ranges, the rest back to the queue.
-
-        A task that kills (or hangs) its process would otherwise take the ids beside it along
-        each time: counted as deaths (or timeouts) with it, they were quarantined with it
-        although they never ran (a resumed job hands the same range to one rank again).
-        """
-        out: list[tuple[int, int]] = []
-        suspects, queue = self.suspects, self.queue
-        for a, b in ranges:
-            start = a
-            for lo, hi in suspects.within(a, b):
-                if start < lo and len(out) < most:
-                    out.append((start, lo))
-                    start = lo
-                while start < hi and len(out) < most:
-                    out.append((start, start + 1))
-                    start += 1
-                if len(out) >= most:
-                    break
-            if start < b and len(out) < most:
-                out.append((start, b))
-                start = b
-            if start < b:
-                queue.add(start, b)  # (no room left on the board: back to the queue, whole)
-        return tuple(out)
+        """``ranges`` with every suspect id in a range of its own (see :mod:`.suspects`); at most
+        ``most`` ranges, the rest back to the queue."""
+        return isolate(ranges, self.suspects, most, self.queue)
 
     def _rebalance(self, now: float) -> None:
         owners = self.owners

@@ -55,6 +55,7 @@ COMPILED = (
     "roles/core.py",
     "roles/failures.py",
     "roles/replan.py",
+    "roles/suspects.py",
     "roles/station.py",
     "roles/recovery.py",
     "roles/autoplan.py",

@@ -1,5 +1,5 @@
 """Suspect ids (held by a computing rank that died, or past --task-timeout in an earlier run) are
-handed out one per range, and :meth:`Server._isolate` neither loses nor repeats an id (issue 14)."""
+handed out one per range, and :func:`nlevel.roles.suspects.isolate` neither loses nor repeats an id (issue 14)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from nlevel.model.plan import Plan
 from nlevel.ranges import RangeSet
 from nlevel.roles.ledger import Ledger
 from nlevel.roles.master import Master
-from nlevel.roles.server import Sizing
+from nlevel.roles.server import LEAF, UPPER, Sizing
 from nlevel.sim.engine import SimBoards
 
 H = build(8, Plan(2))
@@ -63,3 +63,37 @@ def test_no_id_is_lost_or_repeated(ranges, suspects, most):
     assert sorted(ids) == [i for a, b in given_ranges for i in range(a, b)]
     for a, b in out:
         assert b - a == 1 or not m.suspects.overlap(a, b)  # a suspect is alone in its range
+
+
+def test_suspects_do_not_go_up_in_a_block_while_the_leaf_board_has_claimers():
+    """Issue 14: a sub-region does not know what is suspect here; it would hand a suspect out with
+    its neighbours. The suspect stays for this server's own leaf board, one per range."""
+    h = build(9, Plan(3, (2,)))
+    weights = {c: h[c].weight for c in h[0].children}
+    weights[0] = 1
+    boards = SimBoards((64, 16))
+    m = Master(h, 0, weights, lambda: 0.0, boards, Sizing(), Ledger(1000))
+    assert m.live[LEAF] and m.live[UPPER]
+    m.queue = RangeSet([(0, 1000)])
+    m.suspects.add(21, 22)  # (the leaf board takes ids 0-19, one per range; blocks of 4 follow from 20)
+    m.publish(0.0)
+    blocks = _published(m, UPPER)
+    assert blocks and not any(a <= 21 < b for a, b in blocks), blocks
+    assert 21 in m.queue  # (for the leaf board's next range)
+    everywhere = [r for kind in (LEAF, UPPER) for r in _published(m, kind)] + list(m.queue.ranges())
+    assert [i for a, b in sorted(everywhere) for i in range(a, b)] == list(range(1000))  # nothing lost or twice
+    
+
+def test_with_no_leaf_claimer_suspects_still_go_up():
+    h = build(9, Plan(3, (2,), serve_only="all"))
+    m = Master(h, 0, {5: h[5].weight}, lambda: 0.0, SimBoards((64, 16)), Sizing(), Ledger(20))  # (its slaves gone)
+    assert not m.live[LEAF]
+    m.queue = RangeSet([(0, 20)])
+    m.suspects.add(5, 6)
+    m.publish(0.0)
+    assert any(a <= 5 < b for a, b in _published(m, UPPER)), _published(m, UPPER)  # (else it would wait for ever)
+
+
+def _published(m, kind):
+    o = m.owners.get(kind)
+    return [] if o is None else sorted(o.published())
