@@ -118,16 +118,19 @@ class WindowBoards:
             pass  # (after failures the window cannot be trusted; the process ends with os._exit)
 
 
-def allocate(comm: Any, rank: int, slots: tuple[int, int]) -> tuple[WindowBoards | None, int, str]:
+def allocate(comm: Any, rank: int, slots: tuple[int, int]) -> tuple[WindowBoards | None, int | None, str]:
     """Allocate the farm's window, initialise this rank's boards and take the self-test (collective over ``comm``).
 
     The self-test: this rank adds 1 to rank 0's :data:`SELF_TEST` word (which no rank
     initialises, so no ordering with rank 0 is needed) and keeps the value it saw. When the
-    atomics work, the values the ranks saw are ``size`` consecutive integers in some order
-    (:func:`self_test_problem` checks them once every rank's value is known).
+    atomics work, the values the ranks saw are ``size`` consecutive integers in some order,
+    from whatever the word held (:func:`self_test_problem` checks them once every rank's
+    value is known). The word is not initialised, so any value, negative too, is a fine start:
+    a second farm in one process, its window in the first one's memory, once found a negative
+    word there and took it for a failed operation.
 
     Returns:
-        The boards, the value seen (-1 when the test's operation failed), and "" or the
+        The boards, the value seen (None when the test's operation failed), and "" or the
         reason (naming this rank and the MPI error) when the allocation or the operations
         failed here. The caller tells the other ranks and agrees.
     """
@@ -135,7 +138,7 @@ def allocate(comm: Any, rank: int, slots: tuple[int, int]) -> tuple[WindowBoards
     try:
         win = MPI.Win.Allocate(8 * n, 8, MPI.INFO_NULL, comm)
     except MPI.Exception as exc:
-        return None, -1, f"rank {rank}: MPI_Win_allocate of {8 * n} bytes failed: {exc.Get_error_string()}"
+        return None, None, f"rank {rank}: MPI_Win_allocate of {8 * n} bytes failed: {exc.Get_error_string()}"
     try:
         win.Set_errhandler(MPI.ERRORS_RETURN)
         win.Lock_all()
@@ -147,23 +150,25 @@ def allocate(comm: Any, rank: int, slots: tuple[int, int]) -> tuple[WindowBoards
         win.Accumulate(init[SELF_TEST + 1 :], rank, (SELF_TEST + 1, n - SELF_TEST - 1, MPI.INT64_T), MPI.REPLACE)
         win.Flush(rank)
     except MPI.Exception as exc:
-        return None, -1, f"rank {rank}: one-sided operations on the window failed: {exc.Get_error_string()}"
+        return None, None, f"rank {rank}: one-sided operations on the window failed: {exc.Get_error_string()}"
     boards = WindowBoards(win, slots)
     try:
         seen = boards(0, 0).fetch_add(SELF_TEST, 1)
     except Exception as exc:  # noqa: BLE001 (an MPI error of any kind: the farm falls back to messages)
-        return boards, -1, f"rank {rank}: fetch-and-add on rank 0's window failed: {exc}"
+        return boards, None, f"rank {rank}: fetch-and-add on rank 0's window failed: {exc}"
     return boards, seen, ""
 
 
-def self_test_problem(seen: list[int]) -> str:
-    """Why the self-test failed ("" when it passed): ``seen[r]`` is what rank ``r``'s addition saw."""
-    if any(v < 0 for v in seen):
+def self_test_problem(seen: list[int | None]) -> str:
+    """Why the self-test failed ("" when it passed): ``seen[r]`` is what rank ``r``'s addition saw
+    (None: its operation failed, and it said why)."""
+    values = [v for v in seen if v is not None]
+    if len(values) < len(seen):
         return "see the message above"
-    lo = min(seen)
-    if sorted(seen) != list(range(lo, lo + len(seen))):
-        return (f"the window's self-test saw {sorted(seen)[:16]} from {len(seen)} atomic additions "
-                f"(expected {len(seen)} consecutive values)")
+    lo = min(values)
+    if sorted(values) != list(range(lo, lo + len(values))):
+        return (f"the window's self-test saw {sorted(values)[:16]} from {len(values)} atomic additions "
+                f"(expected {len(values)} consecutive values)")
     return ""
 
 

@@ -273,7 +273,7 @@ def test_a_failed_window_self_test_falls_back_to_two_sided_grants(how, monkeypat
         boards, seen, problem = real(c, rank, slots)
         if rank == last:
             if how == "error":
-                return boards, -1, f"rank {rank}: fetch-and-add on rank 0's window failed: (simulated)"
+                return boards, None, f"rank {rank}: fetch-and-add on rank 0's window failed: (simulated)"
             return boards, seen + 2 * c.Get_size(), problem  # (a value no series of atomic additions gives)
         return boards, seen, problem
 
