@@ -155,6 +155,17 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
+def _row(rows: dict[str, dict[str, list[float]]], key: str, f: dict[str, Any]) -> dict[str, list[float]]:
+    """Count death ``f`` in the per-role row ``key``: its recovery, and its wait for another death."""
+    r = rows.setdefault(key, {"detect": [], "recovery": [], "n": [], "waited": []})
+    r["n"].append(1)
+    if f["recovery_ms"] is not None:
+        r["recovery"].append(float(f["recovery_ms"]))
+    if f.get("waited_ms"):
+        r["waited"].append(float(f["waited_ms"]))
+    return r
+
+
 def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
     """Return the summary dict and the Markdown table."""
     landed = [t for t in trials if t["kills"] or t["kind"] in ("exit", "hang")]
@@ -189,22 +200,12 @@ def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
             role = f"new {t['role']}" if f["role"] == "new-leader" else f["role"]
             if f.get("reported_role") == "starting":  # (dead before MPI was up: the launcher started the job again)
                 role = "starting"
-            r = rows.setdefault(f"{role}/{f['signal']}", {"detect": [], "recovery": [], "n": [], "waited": []})
-            r["n"].append(1)
+            r = _row(rows, f"{role}/{f['signal']}", f)
             if f["detect_ms"] is not None:
                 r["detect"].append(float(f["detect_ms"]))
-            if f["recovery_ms"] is not None:
-                r["recovery"].append(float(f["recovery_ms"]))
-            if f.get("waited_ms"):
-                r["waited"].append(float(f["waited_ms"]))
         if t["kind"] in ("exit", "hang"):  # a task's death: only the report knows the role and the recovery
             for f in t["report_failures"]:
-                r = rows.setdefault(f"{f['role']}/{t['kind']}", {"detect": [], "recovery": [], "n": [], "waited": []})
-                r["n"].append(1)
-                if f["recovery_ms"] is not None:
-                    r["recovery"].append(float(f["recovery_ms"]))
-                if f.get("waited_ms"):
-                    r["waited"].append(float(f["waited_ms"]))
+                _row(rows, f"{f['role']}/{t['kind']}", f)
     per_role = {}
     for key, r in sorted(rows.items()):
         per_role[key] = {"kills": len(r["n"]), "matched": len(r["recovery"]),

@@ -75,11 +75,7 @@ def never_released(start_dir: str, exit_dir: str) -> bool:
     no status: it counts as ended only if another process of the job did.
     """
     _, up, _, done = markers(start_dir)
-    try:
-        statuses = any(name.isdigit() for name in os.listdir(exit_dir))
-    except OSError:
-        statuses = False
-    return bool(up) and not done and not statuses
+    return bool(up) and not done and not _exited(exit_dir)
 
 
 def _worst_recorded(where: str) -> int:
@@ -308,13 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if verdict is None:
                 if code:
                     return code
-                worst = _worst_recorded(where)
-                if not worst and start_dir is not None and never_released(start_dir, where):
+                if start_dir is not None and never_released(start_dir, where):
                     print("nlevel-mpiexec: every process of the job ended before the job did (killed, crashed or "
                           "exited on its own: the output above says how), and mpiexec under --with-ft returns 0 "
                           "whatever they did: exit status 1", file=sys.stderr, flush=True)
                     return 1
-                return worst
+                return _worst_recorded(where)
             if verdict.how == "exited":
                 status = _worst_recorded(where) or 1
                 print(f"nlevel-mpiexec: rank {verdict.rank} (pid {verdict.pid}) exited with status {status} before "

@@ -82,7 +82,7 @@ def test_suspects_do_not_go_up_in_a_block_while_the_leaf_board_has_claimers():
     assert 21 in m.queue  # (for the leaf board's next range)
     everywhere = [r for kind in (LEAF, UPPER) for r in _published(m, kind)] + list(m.queue.ranges())
     assert [i for a, b in sorted(everywhere) for i in range(a, b)] == list(range(1000))  # nothing lost or twice
-    
+
 
 def test_with_no_leaf_claimer_suspects_still_go_up():
     h = build(9, Plan(3, (2,), serve_only="all"))
