@@ -314,12 +314,14 @@ class Farm:
 
         For a caller that writes the report (:attr:`report`) to a file after the end: a
         master that dies or hangs before the file is written is then replaced by its deputy,
-        which writes the report instead. Without fault tolerance it changes nothing.
+        which writes the report instead. Without fault tolerance, once a rank was given up
+        (its task past ``task_timeout``), every other rank waits until then: each process ends
+        on its own with the job's status, and mpiexec would end the master at the first one.
         """
         self._rt.hold_deputy = True
 
     def release_deputy(self) -> None:
-        """After the end (see :meth:`hold_deputy`): the master's last work is done; its deputy may go."""
+        """After the end (see :meth:`hold_deputy`): the master's last work is done; the ranks waiting for it may go."""
         self._rt.release_deputy()
 
     def set_exit_code(self, code: int) -> None:

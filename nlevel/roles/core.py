@@ -99,7 +99,7 @@ class StationCore:
         self.released: Any = None  # the master's Release (this rank's loop may stop)
         self.pending_release: Any = None  # the deputy: the master is releasing everyone
         self.finished_release = False  # this rank released the job for a master that died while releasing it
-        self.deputy_release: list[Any] = []  # the master: the deputy's release, sent once its own end is done
+        self.held_release: list[Any] = []  # the master: releases sent once its own end is done (see release)
         self.recon: Reconciliation | None = None
         self.mirror: Ledger | None = None
         self.mirror_failures: list[FailureRecord] = []

@@ -208,22 +208,34 @@ class Closing(StationCore):
             outs.append(Send(dep, Release(code, failed, report, pending=True)))
         others = sorted((r for r in range(self.size) if r not in self.failed and r not in (self.rank, dep)),
                         reverse=True)
-        outs += [Send(r, Release(code, failed)) for r in others]
+        rest = [Send(r, Release(code, failed)) for r in others]
+        if not self.ft and failed:
+            # Without fault tolerance, a rank given up (its task past --task-timeout) keeps its
+            # process: no collective can end the job, every process ends on its own with the
+            # job's status, and mpiexec ends the whole job at the first non-zero exit. A rank
+            # released now exited before the master wrote its report (a resumed run then read
+            # the last run's report: about one CI run in 20). Everyone waits for the master's
+            # last work.
+            self.held_release = rest
+        else:
+            outs += rest
         if dep is not None:
             # Under fault tolerance the deputy's own release waits for the master's last work
             # (report, lock): until then the deputy still watches it, so a master hung in that
             # window is killed and the deputy finishes the job, instead of a hang.
             last = Send(dep, Release(code, failed))
-            if self.ft:
-                self.deputy_release = [last]
+            if self.ft or failed:
+                self.held_release.append(last)
             else:
                 outs.append(last)
         self.released = Release(code, failed, report)
         return outs
 
     def release_deputy(self) -> list[Effect]:
-        """The master, its own end done (report written, lock released): release the deputy (once; fault tolerance)."""
-        outs, self.deputy_release = self.deputy_release, []
+        """The master, its own end done (report written, lock released): the releases it held back
+        (see :meth:`release`: the deputy's under fault tolerance; everyone's after a rank was given
+        up without it); once."""
+        outs, self.held_release = self.held_release, []
         return outs
 
     def on_release(self, msg: Release) -> list[Effect]:

@@ -474,11 +474,15 @@ class FarmRuntime:
             raise error if isinstance(error, NlevelError) else ckpt.CheckpointError(str(error))
 
     def release_deputy(self) -> None:
-        """The master (or the successor that finished its release), its report written: let its deputy go
-        (under fault tolerance it watches the master until then, and writes the report if it dies)."""
-        if (self._released_all or self.station.finished_release) and self.t.ft:
-            self.loop.perform(self.station.release_deputy())
-            self.t.flush(timeout=5.0)
+        """The master (or the successor that finished its release), its report written: send the
+        releases it held back (see :meth:`~nlevel.roles.ending.Closing.release`): its deputy's
+        under fault tolerance (it watches the master until then, and writes the report if it
+        dies); everyone's when, without it, a rank was given up."""
+        if self._released_all or self.station.finished_release:
+            held = self.station.release_deputy()
+            if held:
+                self.loop.perform(held)
+                self.t.flush(timeout=5.0)
 
     def _await_release(self) -> None:
         """Take part in the end (:mod:`nlevel.roles.ending`) until the master releases this rank.
