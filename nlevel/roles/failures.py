@@ -83,7 +83,7 @@ class Failures(StationCore):
             for x in sorted(new & set(d.children)):
                 child = d.children[x]
                 silent = d.clock() - child.heard
-                why = "lease expired (hung)" if child.leased else "drained (left, then ended)" if child.left else how
+                why = child.leased or ("drained (left, then ended)" if child.left else how)
                 held = d.drop_child(x)
                 record = replace(_record(x, old, len(held), why, self.rank, wall), silent_ms=round(silent * 1e3, 3))
                 if old[x].children:

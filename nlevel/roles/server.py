@@ -91,7 +91,7 @@ class Child:
         self.held = RangeSet()  # ids it took and has not reported finished or given back
         self.left = False  # it said it leaves (nothing more comes from it)
         self.heard = 0.0  # when it last took ids or reported (its lease runs from here)
-        self.leased = False  # its lease expired: it is being killed
+        self.leased = ""  # why it is being killed: its lease expired, or its task ran past the time limit
 
 
 class Server:
@@ -293,7 +293,7 @@ class Server:
                 continue
             per = math.ceil(len(child.held) / max(1, child.weight))
             if now - child.heard > lease_min + lease_factor * self.task_max * per:
-                child.leased = True
+                child.leased = "lease expired (hung)"
                 late.append(child.rank)
         return late
 
@@ -309,7 +309,7 @@ class Server:
             if child.kind != LEAF or not child.held or child.leased:
                 continue
             if now - child.heard > limit * len(child.held):
-                child.leased = True
+                child.leased = f"ran past --task-timeout {limit:g} s"
                 for tid in child.held if len(child.held) <= 10_000 else ():
                     self.timeouts[tid] = self.timeouts.get(tid, 0) + 1
                 late.append((child.rank, child.held.copy()))
