@@ -135,6 +135,13 @@ class Loop:
             elif kind is Abandon:
                 assert isinstance(e, Abandon)
                 if e.rank == self.station.rank:
+                    ledger = self.station.ledger
+                    if ledger is not None and not self.final_written:
+                        # The master gives itself up: what it committed goes to disk before its
+                        # deputy takes over from the checkpoint (every id committed since the
+                        # last write ran again: all of them, a second into a job).
+                        self.final_written = True
+                        self.checkpoint_error = port.write_checkpoint(ledger, True) or self.checkpoint_error
                     port.retire(e.why)
                     self.perform(self.station.abandon_self(e.why))
                 else:

@@ -151,14 +151,15 @@ class Watching(StationCore):
                 outs.append(Send(self.hierarchy.master, notice))
             outs.append(Kill(rank, why) if self.ft else Abandon(rank, why))
             return outs
-        # This rank's own task: its successor must count the timeout, since this rank goes.
+        # This rank's own task: its successor must count the timeout, since this rank goes. The
+        # master too without fault tolerance: given up, it serves no more and its deputy takes
+        # over (from the checkpoint), counts the timeout and stops the job. (Counted in the
+        # master's own ledger, the count was lost with it, and the job ran on to the end.)
         successor = self.info.parent if isinstance(self.server, Region) else deputy(self.hierarchy)
-        if isinstance(self.server, Master) and not self.ft:
-            # Without fault tolerance the master is given up, not killed: no successor takes over,
-            # and its server goes on writing the checkpoint, so the count must be in its own ledger.
-            outs += self.note_timeout(rank, ids.ranges())
-        elif successor is not None:
+        if successor is not None:
             outs.append(Send(successor, notice))
+        elif isinstance(self.server, Master):
+            outs += self.note_timeout(rank, ids.ranges())  # (nobody could take over: counted here)
         outs.append(Kill(rank, why) if self.ft else Abandon(rank, why))
         return outs
 
