@@ -23,7 +23,7 @@ from ..roles.messages import TaskFailure
 from .app import App, load_app
 from . import signals
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "report_status"]
 
 def build_parser(app: App | None = None) -> argparse.ArgumentParser:
     """Return the parser of nlevel's options, plus the app's own options when ``app`` is given."""
@@ -218,20 +218,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if farm is not None and farm.report is not None:  # the master (rank 0 unless it died)
         report = farm.report
         report["app"] = {"name": app.name, "options": _app_options(app, options), "argv": list(argv or sys.argv[1:])}
-        if options.report:
-            try:
-                write_json(options.report, report)
-            finally:
-                farm.release_deputy()  # (it watched the master until the report was on disk)
-        if not options.quiet:
-            print(format_summary(report), flush=True)
+        try:
             if options.report:
-                print(f"  report: {os.path.abspath(options.report)}", flush=True)
-        if report.get("stopped") and not report["complete"] and "checkpoint_error" not in report:
-            status = max(status, signals.EXIT_STOPPED)  # the batch script resubmits; the checkpoint resumes
-        elif not report["complete"] or "checkpoint_error" in report:
-            status = max(status, 1)
-        elif status == 0:
+                write_json(options.report, report)
+            if not options.quiet:
+                print(format_summary(report), flush=True)
+                if options.report:
+                    print(f"  report: {os.path.abspath(options.report)}", flush=True)
+        finally:
+            farm.release_deputy()  # (it watched the master until the report was on disk and told)
+        status = max(status, report_status(report))
+        if status == 0:
             status = _finish_app(app, farm, options)
     if farm is not None:
         farm.release_deputy()  # (no report file: nothing more to wait for; once only)
@@ -246,6 +243,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             farm.set_exit_code(status)
         return status
     return transport.allreduce_max(world, status)
+
+
+def report_status(report: dict[str, Any]) -> int:
+    """The exit status a run's report calls for: 75 when it stopped early with ids left to run
+    (the batch script resubmits, the checkpoint resumes), 1 when ids failed or the checkpoint
+    could not be written, else 0.
+
+    Stopped with every id committed or failed is 1, not 75: nothing is left to resume (the
+    master's release said 1, and 75 from here was the worse of the two).
+    """
+    undecided = report["total"] - report["committed"] - len(report.get("failed_tasks") or ())
+    if report.get("stopped") and undecided > 0 and "checkpoint_error" not in report:
+        return signals.EXIT_STOPPED
+    if not report["complete"] or "checkpoint_error" in report:
+        return 1
+    return 0
 
 
 def _task_error(task_id: int, rank: int, exc: BaseException) -> TaskFailure:
