@@ -244,6 +244,7 @@ class Failures(StationCore):
         assert isinstance(d, Master) and self.ledger is not None
         if event.ledger is not None:
             self.ledger.merge(event.ledger)
+            d.count_timeouts(self.ledger.timeouts)  # (earlier runs' timeouts: deaths toward quarantine, suspects)
         elif event.error:
             self.failures.append(_record(self.rank, self.hierarchy, 0, f"checkpoint unusable: {event.error}",
                                          self.rank, self.wall()))

@@ -90,6 +90,11 @@ class Watching(StationCore):
         w = self.worker
         longest = w.task_times.hi if w is not None and w.task_times.n else 0.0
         lease = self.config.lease_min + self.config.lease_factor * longest
+        if not self.ft and self.pending_release is not None:
+            # The master is releasing the job (its last checkpoint written) and may be writing its
+            # report, heartbeats stopped: killed now it could not be replaced, the job would end
+            # without its report. Only a master hung far longer is killed (not a hang of the job).
+            lease *= 6
         if now - self.master_heard <= lease:
             return []
         if self.rank != deputy(h) and (w is None or w.wait_started is None or now - w.wait_started <= lease):
@@ -153,13 +158,16 @@ class Watching(StationCore):
             return outs
         # This rank's own task: its successor must count the timeout, since this rank goes. The
         # master too without fault tolerance: given up, it serves no more and its deputy takes
-        # over (from the checkpoint), counts the timeout and stops the job. (Counted in the
-        # master's own ledger, the count was lost with it, and the job ran on to the end.)
+        # over, counts the timeout and stops the job. The deputy has no copy of the ledger then:
+        # it takes over from the checkpoint the master writes as it leaves (see Loop.perform),
+        # which must hold this timeout too, the count of earlier runs included (the deputy's own
+        # count starts at 1, and a merge keeps the larger). (Only in the master's ledger, the
+        # count was lost with it, and the job ran on to the end.)
         successor = self.info.parent if isinstance(self.server, Region) else deputy(self.hierarchy)
         if successor is not None:
             outs.append(Send(successor, notice))
-        elif isinstance(self.server, Master):
-            outs += self.note_timeout(rank, ids.ranges())  # (nobody could take over: counted here)
+        if isinstance(self.server, Master) and (successor is None or not self.ft):
+            outs += self.note_timeout(rank, ids.ranges())
         outs.append(Kill(rank, why) if self.ft else Abandon(rank, why))
         return outs
 

@@ -1,0 +1,61 @@
+"""A master whose own task runs past --task-timeout: who counts it, with and without fault tolerance."""
+
+from __future__ import annotations
+
+import pytest
+
+from nlevel.config import Config
+from nlevel.model.hierarchy import build
+from nlevel.model.plan import Plan
+from nlevel.roles.events import Abandon, CheckpointLoaded, Kill, LoadCheckpoint, Send
+from nlevel.roles.ledger import Ledger
+from nlevel.roles.messages import TimedOut
+from nlevel.roles.station import Station
+from nlevel.testing.network import LocalBoards
+
+
+def master_running_17(ft: str, earlier: int) -> tuple[Station, list[float]]:
+    now = [0.0]
+    ledger = Ledger(40)
+    ledger.timeouts = {17: earlier} if earlier else {}  # (as loaded from the checkpoint of earlier runs)
+    st = Station(build(4, Plan(2)), 0, Config(levels=2, fault_tolerance=ft, task_timeout=1.0), lambda: now[0],
+                 LocalBoards(), 40, ledger)
+    child = st.server.children[0]  # (its own worker: a child of its server)
+    child.held.add(17, 18)
+    child.heard = 0.0
+    now[0] = 5.0
+    return st, now
+
+
+@pytest.mark.parametrize("earlier", [0, 2])
+def test_without_fault_tolerance_the_master_counts_its_own_timeout_before_it_leaves(earlier):
+    """Given up, the master writes its ledger as it leaves; its deputy, with no copy of the ledger,
+    takes over from that file: the count of earlier runs plus this one must be in it (the deputy's
+    own count starts at 1, and loading keeps the larger)."""
+    st, _ = master_running_17("off", earlier)
+    outs = st.lease_kills()
+    assert st.ledger.timeouts == {17: earlier + 1}
+    assert [o.dest for o in outs if isinstance(o, Send) and isinstance(o.msg, TimedOut)] == [1]  # (the deputy)
+    assert [o.rank for o in outs if isinstance(o, Abandon)] == [0]
+    assert st.stop_reason == "task timeout"
+
+
+def test_under_fault_tolerance_the_deputy_counts_it_from_its_copy():
+    st, _ = master_running_17("on", 2)
+    outs = st.lease_kills()
+    assert st.ledger.timeouts == {17: 2}  # (the deputy's copy counts it; the master is killed)
+    assert [o.dest for o in outs if isinstance(o, Send) and isinstance(o.msg, TimedOut)] == [1]
+    assert [o.rank for o in outs if isinstance(o, Kill)] == [0]
+
+
+def test_a_deputy_taking_over_from_the_checkpoint_knows_the_earlier_runs_timeouts():
+    """Without fault tolerance the deputy has no copy of the ledger: the timeouts of earlier runs
+    come with the checkpoint, after the takeover, and must count toward quarantine then."""
+    st = Station(build(4, Plan(2)), 1, Config(levels=2, fault_tolerance="off", task_timeout=1.0), lambda: 0.0,
+                 LocalBoards(), 40)
+    outs = st.fail((0,), "ran task 17 past --task-timeout 1 s")
+    assert any(isinstance(o, LoadCheckpoint) for o in outs) and st.is_master
+    ledger = Ledger(40)
+    ledger.timeouts = {17: 2}
+    st.loaded(CheckpointLoaded(ledger, ""))
+    assert st.server.deaths[17] == 2 and 17 in st.server.suspects
