@@ -206,7 +206,7 @@ class Config:
         group="failures", check=_int_at_least(1), unit="processes")
     task_timeout: float | None = _setting(
         None, "a task running longer than this is hung: its rank is killed (without --with-ft ulfm the job "
-        "stops, exit 75, to be resumed) and the task counts toward quarantine; none = no limit (pick it "
+        "stops, exit 75, to be resumed) and the task counts toward quarantine (exit 1 once it is); none = no limit (pick it "
         "from the report's task-time p99 and max)", group="failures", check=_timeout, unit="s",
         words={"none": None, "off": None})
     control_interval: float = _setting(

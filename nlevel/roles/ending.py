@@ -19,9 +19,11 @@ and fail when one dies during them):
 * A child that does not send its Ending within a lease after its parent is over is hung:
   killed, then handled like any death (the job does not wait for it).
 * The master, once every live child's Ending is in, has every surviving rank's row and
-  statistics: the runtime writes the report and calls :meth:`Closing.release`, which tells
-  the deputy first (with the report) and then every rank, the deputy last. A deputy told
-  that the master was releasing, whose master then dies, releases the others itself.
+  statistics: it writes the last checkpoint and calls :meth:`Closing.release`, which tells
+  the deputy first (with the report's facts) and then every rank, the deputy last. Some
+  releases wait for the master's last work (its report), sent by :meth:`Closing.release_deputy`:
+  the deputy's under fault tolerance, everyone's when a rank was given up without it. A
+  deputy told that the master was releasing, whose master then dies, releases the others itself.
 
 A rank's loop runs until it is released (:attr:`Closing.released`).
 """
@@ -222,7 +224,8 @@ class Closing(StationCore):
         if dep is not None:
             # Under fault tolerance the deputy's own release waits for the master's last work
             # (report, lock): until then the deputy still watches it, so a master hung in that
-            # window is killed and the deputy finishes the job, instead of a hang.
+            # window is killed and the deputy finishes the job, instead of a hang. (Without it,
+            # after a rank was given up, the deputy waits with everyone else, see above.)
             last = Send(dep, Release(code, failed))
             if self.ft or failed:
                 self.held_release.append(last)

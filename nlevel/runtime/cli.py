@@ -253,12 +253,11 @@ def report_status(report: dict[str, Any]) -> int:
     Stopped with every id committed or failed is 1, not 75: nothing is left to resume (the
     master's release said 1, and 75 from here was the worse of the two).
     """
-    undecided = report["total"] - report["committed"] - len(report.get("failed_tasks") or ())
-    if report.get("stopped") and undecided > 0 and "checkpoint_error" not in report:
-        return signals.EXIT_STOPPED
-    if not report["complete"] or "checkpoint_error" in report:
-        return 1
-    return 0
+    from .report import exit_status
+
+    return exit_status(complete=bool(report["complete"]), stopped=bool(report.get("stopped")),
+                       left=report["total"] - report["committed"] - len(report.get("failed_tasks") or ()),
+                       error="checkpoint_error" in report)
 
 
 def _task_error(task_id: int, rank: int, exc: BaseException) -> TaskFailure:

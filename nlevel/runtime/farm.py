@@ -40,7 +40,7 @@ from .backoff import Backoff
 from .identity import identity
 from .rank import MpiPort, Runner, clock
 from .startwatch import mark, start_records
-from .report import build_report, failed_lines, failed_tasks, merge_stats, timeline
+from .report import build_report, exit_status, failed_lines, failed_tasks, merge_stats, timeline
 from .transport import MpiError, Transport, agree, kill_self, revoke, setup_recovery, shrink, user_ranks, world
 
 __all__ = ["FarmRuntime"]
@@ -453,7 +453,7 @@ class FarmRuntime:
         successor = st.finished_release
         if successor:
             self.released_at = time.time()
-        if self._released_all or successor:  # the master: the report, once every rank is free to go
+        if self._released_all or successor:  # the master: the report, once every rank's part is over
             error = self._closing
             rows, totals = st.end_payload(partial=successor)
             assert st.ledger is not None
@@ -511,8 +511,9 @@ class FarmRuntime:
     def _release(self) -> None:
         """The master: the last checkpoint, the failed ids told, everyone released.
 
-        (The statistics are merged and the report built after the end's collectives: every other
-        rank waits for the release, none for the report.)
+        (The statistics are merged and the report built after the end's collectives: no rank
+        waits for the report, except those whose release the master holds back until its last
+        work is done, see :meth:`release_deputy`.)
         """
         st, ledger = self.station, self.station.ledger
         assert ledger is not None
@@ -523,12 +524,8 @@ class FarmRuntime:
         failed = failed_tasks(ledger)
         sys.stderr.write(failed_lines(failed))
         sys.stderr.flush()
-        if complete and error is None:
-            code = 0
-        elif st.stopped and error is None and ledger.n_committed + len(ledger.failed) < ledger.total:
-            code = signals.EXIT_STOPPED  # stopped (SIGUSR1, a task past its limit): the same command resumes
-        else:
-            code = 1
+        code = exit_status(complete=complete, stopped=st.stopped, error=error is not None,
+                           left=ledger.total - ledger.n_committed - len(ledger.failed))
         self.loop.perform(st.release(code, {"complete": complete, "failed": failed}))
         self._released_all, self._closing, self.released_at = True, error, time.time()
 

@@ -12,6 +12,7 @@ from .._version import __version__
 from ..config import Config
 from ..model.hierarchy import Hierarchy
 from ..roles.ledger import Ledger
+from .signals import EXIT_STOPPED
 from ..stats import RequestTimes, Summary
 from . import machine
 
@@ -60,6 +61,18 @@ def failed_tasks(ledger: Ledger) -> list[dict[str, Any]]:
     """The ids recorded failed, as the report lists them (and the release tells every rank)."""
     return [{"id": f.id, "kind": f.kind, "attempts": f.attempts, "rank": f.rank, "host": f.host, "error": f.error,
              "traceback": f.traceback} for _, f in sorted(ledger.failed.items())]
+
+
+def exit_status(*, complete: bool, stopped: bool, left: int, error: bool) -> int:
+    """The job's exit status: 0 when every id is committed (and the checkpoint written), 75 when
+    it stopped early (SIGUSR1, a task past its limit without ULFM) with ``left`` ids neither
+    committed nor failed (the same command resumes them), else 1 (failed ids, or the checkpoint
+    could not be written). Stopped with nothing left is 1: a resume would have nothing to do."""
+    if complete and not error:
+        return 0
+    if stopped and left > 0 and not error:
+        return EXIT_STOPPED
+    return 1
 
 
 def failed_lines(failed: list[dict[str, Any]]) -> str:
