@@ -85,9 +85,15 @@ def test_a_death_during_set_up_is_survived_not_a_hang(tmp_path, mpi_env, step, r
                                                          "--die-rank", str(rank), "--die-in-setup", step])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["complete"] and report["committed"] == 300
-    assert [(f["rank"], f["how"]) for f in report["failures"]] == [(rank, "died during set-up")], proc.stderr[-3000:]
-    assert report["user_ranks"] == [r for r in range(7) if r != rank]
-    assert f"rank(s) {rank} of the job died while the farm was being set up" in proc.stderr
+    dead = [f["rank"] for f in report["failures"]]
+    assert all(f["how"] == "died during set-up" for f in report["failures"]) and rank in dead, proc.stderr[-3000:]
+    if dead != [rank]:
+        # Open MPI itself crashed in another rank, in the Comm_dup of the set-up after the death
+        # (a backtrace through PMPI_Comm_dup and ompi_comm_activate: CI at 6158852, then 1 in 60
+        # runs by hand); survived the same way, and listed. Any other extra death fails here.
+        assert "PMPI_Comm_dup" in proc.stderr and "End of error message" in proc.stderr, proc.stderr[-3000:]
+    assert report["user_ranks"] == [r for r in range(7) if r not in dead]
+    assert f"rank(s) {', '.join(map(str, dead))} of the job died while the farm was being set up" in proc.stderr
     assert completed_ids(tmp_path / "run.h5") == set(range(300))
     assert max(runs.values()) == 1  # nothing had run: nothing runs twice
 
