@@ -58,8 +58,12 @@ class Port(Protocol):
     def declare_dead(self, ranks: tuple[int, ...]) -> None:
         """Stop talking to ``ranks``: they are dead, although MPI may never say so."""
 
-    def retire(self, why: str) -> None:
-        """This rank leaves the job for good (its task hung): finish what must not be left half done."""
+    def retire(self, why: str, last: Ledger | None = None) -> None:
+        """This rank leaves the job for good (its task hung): finish what must not be left half done.
+
+        ``last``: it was the last rank (its ledger, written): nobody else can end the job, so the
+        process ends here, with the job's status.
+        """
 
     def heartbeat(self) -> None:
         """The master: show that the job still runs (the checkpoint's lock)."""
@@ -135,15 +139,17 @@ class Loop:
             elif kind is Abandon:
                 assert isinstance(e, Abandon)
                 if e.rank == self.station.rank:
-                    ledger = self.station.ledger
+                    st = self.station
+                    told = st.abandon_self(e.why)
+                    ledger = st.ledger
                     if ledger is not None and not self.final_written:
                         # The master gives itself up: what it committed goes to disk before its
                         # deputy takes over from the checkpoint (every id committed since the
                         # last write ran again: all of them, a second into a job).
                         self.final_written = True
                         self.checkpoint_error = port.write_checkpoint(ledger, True) or self.checkpoint_error
-                    port.retire(e.why)
-                    self.perform(self.station.abandon_self(e.why))
+                    port.retire(e.why, ledger if st.alone else None)
+                    self.perform(told)
                 else:
                     port.log(f"rank {e.rank} {e.why}: given up (without fault tolerance it cannot be killed "
                              f"alone); the job stops cleanly, the same command resumes")
@@ -233,8 +239,8 @@ class Loop:
     def control(self) -> None:
         """The master: the operator's requests, and a stop asked by signal."""
         st = self.station
-        if not isinstance(st.server, Master):
-            return
+        if not isinstance(st.server, Master) or st.abandoned:
+            return  # (a master that gave itself up: its deputy holds the lock and hears the operator now)
         self.port.heartbeat()
         for request in self.port.requests():
             self.handle(request)

@@ -168,7 +168,8 @@ class Watching(StationCore):
             outs.append(Send(successor, notice))
         if isinstance(self.server, Master) and (successor is None or not self.ft):
             outs += self.note_timeout(rank, ids.ranges())
-        outs.append(Kill(rank, why) if self.ft else Abandon(rank, why))
+        # (the last rank is given up even under fault tolerance: killed, nobody would end the job)
+        outs.append(Kill(rank, why) if self.ft and not self.alone else Abandon(rank, why))
         return outs
 
     def note_timeout(self, rank: int, ids: tuple[tuple[int, int], ...]) -> list[Effect]:
@@ -204,7 +205,18 @@ class Watching(StationCore):
         """This rank's own task hung and it cannot be killed (no fault tolerance): it leaves the job.
 
         Every live rank is told it is gone (and handles it like a death); this rank stops taking part.
+        The last rank (a master alone, e.g. a one-process job) counts its own ids' death here, as a
+        successor would (toward quarantine): the process must then end the job itself.
         """
         self.abandoned = True
+        others = [r for r in range(self.size) if r not in self.failed and r != self.rank]
+        d = self.server
+        if not others and isinstance(d, Master) and self.rank in d.children:
+            d.requeue_lost(d.drop_child(self.rank), self.rank, self._host(self.rank), why)
         gone = Gone((self.rank,), why)
-        return [Send(r, gone) for r in range(self.size) if r not in self.failed and r != self.rank]
+        return [Send(r, gone) for r in others]
+
+    @property
+    def alone(self) -> bool:
+        """Whether every other rank of the job has died or been given up."""
+        return all(r == self.rank or r in self.failed for r in range(self.size))

@@ -16,6 +16,7 @@ One lock guards the station: the user's loop takes it once per range, not per id
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -110,10 +111,30 @@ class MpiPort:
     def declare_dead(self, ranks: tuple[int, ...]) -> None:
         self.t.declare_dead(ranks)
 
-    def retire(self, why: str) -> None:
-        self.log(f"{why}; this rank leaves the job (without fault tolerance it cannot be killed alone), "
-                 f"the others stop cleanly")
-        self.t.flush(timeout=1.0)
+    def retire(self, why: str, last: Ledger | None = None) -> None:
+        if last is None:
+            self.log(f"{why}; this rank leaves the job (without fault tolerance it cannot be killed alone), "
+                     f"the others stop cleanly")
+            self.t.flush(timeout=1.0)
+            return
+        # The last rank (one process, or every other one gone): its task never returns, and
+        # nobody else can end the job. Its ledger is written (the timeout and the death counted):
+        # end the process with the job's status, as the release would have.
+        from .report import exit_status, failed_lines, failed_tasks
+
+        failed = failed_tasks(last)
+        status = exit_status(complete=False, stopped=True, error=bool(self.checkpoint_error),
+                             left=last.total - last.n_committed - len(last.failed))
+        sys.stderr.write(failed_lines(failed))
+        self.log(f"{why}; no other rank is left to end the job: this process ends it, exit status {status}"
+                 + (" (the same command resumes)" if status == signals.EXIT_STOPPED else ""))
+        if self.lock is not None:
+            self.lock.release()  # (the next run takes the checkpoint without a stale lock to take over)
+        from .launch import record_exit
+
+        record_exit(status)  # (for nlevel-mpiexec: it ended the job, it did not die)
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(status)
 
     def heartbeat(self) -> None:
         if self.lock is None and self.lock_token is not None and self.checkpoint is not None:
@@ -217,10 +238,17 @@ class Runner:
         self.after_step: Callable[[], None] = _nothing
 
     # -- the server's side ------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the server thread if this rank serves others and computes."""
+    def _threaded(self) -> bool:
+        """Whether this rank needs a server thread: it computes, and serves others or, under a task
+        time limit, is a server whose own task must be watched (a one-process job: between its
+        tasks nobody would look, and a task that never returned hung the job)."""
         st = self.station
-        if st.worker is not None and st.serves_remote and self._thread is None:
+        return st.worker is not None and (st.serves_remote or (st.server is not None
+                                                               and bool(self.config.task_timeout)))
+
+    def start(self) -> None:
+        """Start the server thread if this rank serves others and computes (see :meth:`_threaded`)."""
+        if self._threaded() and self._thread is None:
             self._handoff = False
             if self.config.switch_interval > 0:
                 sys.setswitchinterval(self.config.switch_interval)
@@ -319,7 +347,7 @@ class Runner:
         if th is not None and th.is_alive():
             return True
         st = self.station
-        if st.worker is not None and st.serves_remote and not st.done_serving:
+        if self._threaded() and not st.done_serving:
             self._thread = None
             self._stop.clear()
             self.start()

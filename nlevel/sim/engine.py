@@ -141,7 +141,7 @@ class _Port:
     def declare_dead(self, ranks: tuple[int, ...]) -> None:
         pass
 
-    def retire(self, why: str) -> None:
+    def retire(self, why: str, last: Ledger | None = None) -> None:
         raise SimStalled(f"a simulated rank gave itself up ({why}): no task hangs in a simulation")
 
     def heartbeat(self) -> None:

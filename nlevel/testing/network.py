@@ -101,7 +101,7 @@ class _Port:
     def declare_dead(self, ranks: tuple[int, ...]) -> None:
         pass  # (sends to a dead rank are dropped by the network already)
 
-    def retire(self, why: str) -> None:
+    def retire(self, why: str, last: Ledger | None = None) -> None:
         self.net.retired[self.rank] = why
 
     def heartbeat(self) -> None:

@@ -111,6 +111,28 @@ def test_without_ulfm_the_masters_own_hung_task_stops_the_job_and_keeps_what_it_
     assert proc.returncode == 0 and report["complete"] and report["committed_this_run"] == 1, proc.stderr[-3000:]
 
 
+@pytest.mark.timeout(300)
+def test_a_one_process_job_whose_task_hangs_ends_itself_and_resuming_counts_on(tmp_path, mpi_env):
+    """Nobody else can end a one-process job whose task never returns (it hung until killed): the
+    process writes the checkpoint, counting the timeout and the death, and ends itself with 75;
+    the third time the id is quarantined, and the run after finishes the rest: 1 (a failed id)."""
+    args = ["--n", "20", "--die-task", "5", "--how", "forever", "--poison", "--task-timeout", "1"]
+    codes = []
+    for _ in range(3):
+        proc, _, _ = run_job(tmp_path, mpi_env, 1, args, ft=False, timeout=60)
+        codes.append(proc.returncode)
+        assert "no other rank is left to end the job: this process ends it, exit status 75" in proc.stderr, \
+            (codes, proc.stderr[-3000:])
+        assert "taking over the lock" not in proc.stderr  # (the process released it as it ended)
+    assert "nlevel: task 5 FAILED (timeout" in proc.stderr
+    proc, report, _ = run_job(tmp_path, mpi_env, 1, args, ft=False, timeout=60)
+    codes.append(proc.returncode)
+    assert codes == [75, 75, 75, 1] and report["committed"] == 19, (codes, proc.stderr[-3000:])
+    _, snap, _ = ckpt.read(tmp_path / "run.h5")
+    assert dict(snap.timeouts) == {5: 3} and [f.id for f in snap.failed] == [5]
+    assert completed_ids(tmp_path / "run.h5") == set(range(20)) - {5}
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("value", ["-1", "abc", "0"])
 def test_a_bad_task_timeout_is_one_line_naming_it(tmp_path, mpi_env, value):

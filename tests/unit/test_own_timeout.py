@@ -59,3 +59,23 @@ def test_a_deputy_taking_over_from_the_checkpoint_knows_the_earlier_runs_timeout
     ledger.timeouts = {17: 2}
     st.loaded(CheckpointLoaded(ledger, ""))
     assert st.server.deaths[17] == 2 and 17 in st.server.suspects
+
+
+@pytest.mark.parametrize("ft", ["off", "on"])
+def test_the_last_rank_gives_itself_up_and_counts_its_ids_death_itself(ft):
+    """A one-process job: nobody takes over, and killed (under fault tolerance) nobody would end
+    the job. The rank is given up, its ids count a death here (the third: quarantined), and it
+    leaves the job to end (the runtime then writes the checkpoint and exits with its status)."""
+    now = [0.0]
+    ledger = Ledger(40)
+    ledger.timeouts = {17: 2}
+    st = Station(build(1, Plan(2)), 0, Config(levels=2, fault_tolerance=ft, task_timeout=1.0), lambda: now[0],
+                 LocalBoards(), 40, ledger)
+    child = st.server.children[0]
+    child.held.add(17, 18)
+    now[0] = 5.0
+    outs = st.lease_kills()
+    assert st.alone and [o.rank for o in outs if isinstance(o, Abandon)] == [0]
+    assert not [o for o in outs if isinstance(o, Kill)]
+    assert st.abandon_self("ran task 17 past --task-timeout 1 s") == []  # (nobody to tell)
+    assert list(ledger.failed) == [17] and ledger.failed[17].kind == "timeout"
