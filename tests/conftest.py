@@ -15,6 +15,8 @@ A plain ``pytest`` runs all of it.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +24,37 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
+
+def run_bounded(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)``, except
+    that a job past its timeout is killed whole: the command runs in a session of its own, and
+    every process of that session is killed (mpiexec puts each rank in a process group of its
+    own: killing the launcher alone left ranks of a hung job running into the next tests).
+    Raises ``subprocess.TimeoutExpired`` as ``subprocess.run`` does."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **kwargs) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_session(proc.pid)
+            try:
+                out, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:  # (a process that left the session holds the pipes)
+                out, err = "", "(output not collected: a process outside the job's session holds its pipes)"
+            raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid``."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getsid(int(name)) == sid:
+                    os.kill(int(name), signal.SIGKILL)
+            except OSError:
+                pass
+
 
 #: The folder under tests/ -> the marker every test in it gets.
 FOLDER_MARKERS = {"unit": "unit", "mpi": "mpi", "e2e": "e2e"}

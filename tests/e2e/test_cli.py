@@ -14,7 +14,7 @@ import pytest
 
 import nlevel.runtime.checkpoint as ckpt
 
-from ..conftest import BIN
+from ..conftest import BIN, run_bounded
 
 APP = "tests.apps.logging_app"
 
@@ -22,7 +22,7 @@ APP = "tests.apps.logging_app"
 def nlevel_run(n, args, cwd, env, timeout=120):
     cmd = [os.path.join(BIN, "nlevel-mpiexec"), "-n", str(n), sys.executable, "-m", "nlevel.run", *args]
     try:
-        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        return run_bounded(cmd, timeout, cwd=cwd, env=env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{' '.join(args)} on {n} processes hung:\n{exc.stdout}\n{exc.stderr}")
 

@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 
-from ..conftest import ROOT
+from ..conftest import ROOT, run_bounded
 from .test_cli import BIN, completed_ids
 
 APP = os.path.join(ROOT, "tests", "apps", "dying_app.py")
@@ -31,8 +31,7 @@ def run_job(tmp_path, env, n, args, ft=True, timeout=150, app=APP):
     cmd = [*launcher, sys.executable, "-m", "nlevel.run", app, "--checkpoint", "run.h5", "--report", "r.json",
            "--quiet", *args]
     try:
-        proc = subprocess.run(cmd, cwd=tmp_path, env={**env, "NLEVEL_TEST_LOG_DIR": str(logs)},
-                              capture_output=True, text=True, timeout=timeout)
+        proc = run_bounded(cmd, timeout, cwd=tmp_path, env={**env, "NLEVEL_TEST_LOG_DIR": str(logs)})
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"hung: {' '.join(args)}\n{exc.stderr}")
     report = json.loads((tmp_path / "r.json").read_text()) if (tmp_path / "r.json").exists() else None
@@ -217,7 +216,7 @@ def test_a_rank_lost_before_mpi_init_makes_the_launcher_start_again_not_hang(tmp
            os.path.join(ROOT, "tests", "apps", "early_death.py"), "300", "run.h5"]
     env = {**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs), "EARLY_RANK": "2", "EARLY_HOW": how}
     try:
-        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+        proc = run_bounded(cmd, 150, cwd=tmp_path, env=env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"hung\n{exc.stderr}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -240,7 +239,7 @@ def test_no_start_again_when_asked_for_none(tmp_path, mpi_env):
     cmd = [os.path.join(BIN, "nlevel-mpiexec"), "--start-retries", "0", "--with-ft", "ulfm", "-n", "3",
            sys.executable, os.path.join(ROOT, "tests", "apps", "early_death.py"), "100", "run.h5"]
     env = {**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs), "EARLY_RANK": "1", "EARLY_HOW": "KILL"}
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    proc = run_bounded(cmd, 60, cwd=tmp_path, env=env)
     assert proc.returncode == 1
     assert "giving up after 1 attempt(s) (--start-retries 0)" in proc.stderr
     assert not (tmp_path / "run.h5").exists()  # nothing ran, nothing written

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ..conftest import BIN, ROOT
+from ..conftest import BIN, ROOT, run_bounded
 
 SIZES = [1, 4, 7]
 
@@ -25,7 +25,7 @@ def test_mpi_suite(size, mpi_env):
         os.path.join(ROOT, "tests", "mpi"),
     ]
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=mpi_env, capture_output=True, text=True, timeout=420)
+        proc = run_bounded(cmd, 420, cwd=ROOT, env=mpi_env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"MPI tests on {size} processes hung (killed after 420 s):\n{exc.stdout}\n{exc.stderr}")
     assert proc.returncode == 0, f"MPI tests on {size} processes failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"

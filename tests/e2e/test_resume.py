@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ..conftest import BIN
+from ..conftest import BIN, run_bounded
 
 SCRIPT = '''
 import sys
@@ -26,7 +26,7 @@ print(f"ran {n}", flush=True)
 def run(tmp_path, env, *args):
     cmd = [os.path.join(BIN, "nlevel-mpiexec"), "-n", "2", sys.executable, "screen.py", *args]
     try:
-        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        return run_bounded(cmd, 120, cwd=tmp_path, env=env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"screen.py {' '.join(args)} hung:\n{exc.stdout}\n{exc.stderr}")
 
