@@ -157,6 +157,11 @@ class Ledger:
         """Ids committed, by this run and the runs it resumed."""
         return len(self.committed)
 
+    @property
+    def undecided(self) -> int:
+        """Ids neither committed nor recorded failed (what a resume would run)."""
+        return self.total - len(self.committed) - len(self.failed)
+
     def complete(self) -> bool:
         """Whether every id in ``[0, total)`` is committed."""
         return len(self.committed) == self.total

@@ -146,8 +146,7 @@ class Master(Server):
             return False
         if self.stopped:
             return not (self.queue or self.held_total or self.carried or self.on_board() or self._limbo())
-        led = self.ledger
-        return led.n_committed + len(led.failed) >= led.total
+        return self.ledger.undecided <= 0
 
     @property
     def abandoned(self) -> bool:

@@ -40,7 +40,7 @@ from .backoff import Backoff
 from .identity import identity
 from .rank import MpiPort, Runner, clock
 from .startwatch import mark, start_records
-from .report import build_report, exit_status, failed_lines, failed_tasks, merge_stats, timeline
+from .report import build_report, failed_lines, failed_tasks, ledger_status, merge_stats, timeline
 from .transport import MpiError, Transport, agree, kill_self, revoke, setup_recovery, shrink, user_ranks, world
 
 __all__ = ["FarmRuntime"]
@@ -524,8 +524,7 @@ class FarmRuntime:
         failed = failed_tasks(ledger)
         sys.stderr.write(failed_lines(failed))
         sys.stderr.flush()
-        code = exit_status(complete=complete, stopped=st.stopped, error=error is not None,
-                           left=ledger.total - ledger.n_committed - len(ledger.failed))
+        code = ledger_status(ledger, stopped=st.stopped, error=error is not None)
         self.loop.perform(st.release(code, {"complete": complete, "failed": failed}))
         self._released_all, self._closing, self.released_at = True, error, time.time()
 

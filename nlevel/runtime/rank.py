@@ -120,12 +120,10 @@ class MpiPort:
         # The last rank (one process, or every other one gone): its task never returns, and
         # nobody else can end the job. Its ledger is written (the timeout and the death counted):
         # end the process with the job's status, as the release would have.
-        from .report import exit_status, failed_lines, failed_tasks
+        from .report import failed_lines, failed_tasks, ledger_status
 
-        failed = failed_tasks(last)
-        status = exit_status(complete=False, stopped=True, error=bool(self.checkpoint_error),
-                             left=last.total - last.n_committed - len(last.failed))
-        sys.stderr.write(failed_lines(failed))
+        status = ledger_status(last, stopped=True, error=bool(self.checkpoint_error))
+        sys.stderr.write(failed_lines(failed_tasks(last)))
         self.log(f"{why}; no other rank is left to end the job: this process ends it, exit status {status}"
                  + (" (the same command resumes)" if status == signals.EXIT_STOPPED else ""))
         if self.lock is not None:

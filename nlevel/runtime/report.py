@@ -12,9 +12,9 @@ from .._version import __version__
 from ..config import Config
 from ..model.hierarchy import Hierarchy
 from ..roles.ledger import Ledger
-from .signals import EXIT_STOPPED
 from ..stats import RequestTimes, Summary
 from . import machine
+from .signals import EXIT_STOPPED
 
 __all__ = ["build_report", "merge_stats", "write_json", "format_summary", "oversubscription_note"]
 
@@ -73,6 +73,11 @@ def exit_status(*, complete: bool, stopped: bool, left: int, error: bool) -> int
     if stopped and left > 0 and not error:
         return EXIT_STOPPED
     return 1
+
+
+def ledger_status(ledger: Ledger, *, stopped: bool, error: bool) -> int:
+    """:func:`exit_status` of a job whose master holds ``ledger``."""
+    return exit_status(complete=ledger.complete(), stopped=stopped, left=ledger.undecided, error=error)
 
 
 def failed_lines(failed: list[dict[str, Any]]) -> str:
