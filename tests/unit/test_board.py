@@ -109,6 +109,7 @@ def test_every_id_goes_to_exactly_one_claimer_and_is_attributed_to_it(seed):
     queue = [(i, i + 1) for i in range(total)] if rng.random() < 0.5 else \
         [(i, min(i + 3, total)) for i in range(0, total, 3)]
     clock = [0.0]
+    takeback = rng.random() < 0.5
 
     def drain():
         for r, a, b in owner.claimed:
@@ -128,6 +129,9 @@ def test_every_id_goes_to_exactly_one_claimer_and_is_attributed_to_it(seed):
             drain()
             if rng.random() < 0.2:
                 owner.reclaim(m, clock[0] - 2)
+                drain()
+            if takeback and rng.random() < 0.15:  # (a server moving stock to its other board)
+                owner.take_back_unclaimed(m)
                 drain()
             k = min(len(queue), owner.room(), rng.randint(1, 3))
             if k:

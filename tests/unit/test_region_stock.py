@@ -8,6 +8,8 @@ and three leaf regions of 4 of its own subtree on one upper board).
 
 from __future__ import annotations
 
+import math
+
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
 from nlevel.roles.board import Claimer
@@ -15,7 +17,7 @@ from nlevel.roles.events import Send
 from nlevel.roles.master import Master
 from nlevel.roles.messages import Ending, Report
 from nlevel.roles.region import Region
-from nlevel.roles.server import LEAF, UPPER, Sizing
+from nlevel.roles.server import BLOCK_FLOOR, LEAF, UPPER, Sizing
 from nlevel.roles.ledger import Ledger
 from nlevel.roles.station import _ride
 from nlevel.sim.engine import SimBoards
@@ -67,7 +69,12 @@ def test_blocks_hold_a_few_horizons_of_work_once_task_times_are_known():
     m = _master(boards, clock)
     assert m.block(10_000, 16) == 16  # nothing measured: a range per rank
     m.on_report(1, Report(done=(), tasks=4, busy=14.0), clock())  # 3.5 s tasks
-    assert m.block(10_000, 16) == 1  # 16 ranks run 0.02 ids in half a horizon: one range (not one per rank)
+    # 16 ranks run 0.02 ids in half a horizon: a few ids (a block of one id was a refill per task
+    # at every level), not one per rank
+    assert m.block(10_000, 64) == BLOCK_FLOOR < 64
+    assert m.block(10_000, 16) == 4  # (at most an id per four ranks: a range per rank was a task-time
+    assert m.block(10_000, 3) == 1  # of stock that regions taking the last blocks ran after the others)
+    assert m.block(6, 64) == math.ceil(6 * 64 / (2 * m.total_weight)) < BLOCK_FLOOR  # the share of what is left still cuts it
     m.task_mean = 0.0035  # (3.5 ms tasks: 16 ranks run 23 ids in 5 ms)
     assert m.block(10_000, 16) == 23
 
@@ -101,6 +108,29 @@ def test_a_region_refills_for_the_board_its_claimers_wait_on():
     # both boards (8 wanted, 16 held) said "enough"; per board it is short, so it refills.
     assert r.stock() == leaf.on_board == 16
     assert r.stock() < r.target() == 16 + 2 * r.block(r.gss_pool(), 4)
+
+
+def test_a_region_moves_its_leaf_stock_upstairs_only_once_nothing_more_comes_from_above():
+    boards, clock = SimBoards((256, 256)), Clock()
+    m = _master(boards, clock)
+    m.publish(clock())
+    r = _region(16, boards, clock)
+    r.queue.add(100_000, 100_040)
+    r.publish(clock())
+    r.queue = RangeSet()  # everything it holds is on its leaf board
+    leaf = r.owners[LEAF]
+    c = Claimer(20, boards.slots(UPPER), 0)
+    while c.claim(boards(16, UPPER)).status == "ids":  # a sub-region takes the upper board's stock and waits
+        pass
+    r.scan(clock(), full=True)
+    held = leaf.on_board
+    r.publish(clock())
+    # Its parent still has ids: the refill serves the sub-region, the leaf board stays as it is
+    # (taken back and published again on every look, it left holes its own ranks claimed through).
+    assert leaf.on_board == held and not r.queue
+    r.parent_drained = r.drains = True
+    r.publish(clock())
+    assert r.owners[UPPER].on_board > 0  # the end: stock goes where claimers wait
 
 
 def test_a_region_sends_its_completions_at_once_when_no_child_holds_an_id():

@@ -74,8 +74,10 @@ def test_a_new_master_hands_out_fresh_ids_while_the_survivors_say_what_they_hold
     exactly_once(r, len(d))
     (record,) = [f for f in r.failures if f["rank"] == 0]
     assert record["recovery_ms"] > 1000  # (the reconciliation waits for a task to end) ...
-    assert record["free"] > 8 * record["requeued"]  # (the ids above the mark went out at once) ...
-    assert r.makespan - base.makespan < 1.0  # ... and the job hardly waits: +0.4 s (+2.0 s before; tasks 1-3 s)
+    # (the ids above the mark went out at once; what the dead master's boards held is requeued,
+    # more since a block holds an id per four ranks: 108 against 83 with blocks of one id) ...
+    assert record["free"] > 4 * record["requeued"]
+    assert r.makespan - base.makespan < 1.0  # ... and the job hardly waits: +0.6 s (+2.0 s before; tasks 1-3 s)
     assert r.tasks_run - len(d) <= 1  # (the dead master's own task)
 
 
