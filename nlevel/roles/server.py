@@ -40,14 +40,13 @@ __all__ = ["LEAF", "UPPER", "Boards", "Child", "Server", "Sizing"]
 #: Board kinds: claimed by ranks that compute, and by region-masters.
 LEAF, UPPER = 0, 1
 
-#: A fetched ticket not swapped after this long (s) is taken back: its claimer died between
-#: its two atomic operations, or gave the ticket up. (A live claimer swaps within microseconds;
-#: one that loses the race simply claims again.)
+#: A fetched ticket not swapped after this long (s) is taken back: its claimer died between its
+#: two atomic operations, or gave the ticket up (a live one swaps within microseconds).
 LIMBO_GRACE = 0.05
 
-#: Fewest ids in a block (an upper range) once task times are known, for a child of at least
-#: four times as many ranks (never more than an id per four ranks; see :meth:`Server.block`).
-BLOCK_FLOOR = 8
+#: Fewest ids in a block once task times are known: at most an id per four ranks of the child,
+#: and what they run in ``BLOCK_SPAN`` seconds (see :meth:`Server.block`).
+BLOCK_FLOOR, BLOCK_SPAN = 8, 1.0
 
 
 class Boards(Protocol):
@@ -388,15 +387,16 @@ class Server:
         (simulated, 8,192 ranks, 4 levels, 2-5 ms tasks: 6.1 % with four horizons, 4.6 % with
         one, 3.8 % with a half or a quarter, 10 % with a tenth, its refills too many).
 
-        Not under :data:`BLOCK_FLOOR` ids (or a quarter of the child's ranks): with tasks of seconds every block
-        was one id, a refill per task at every level (simulated, 8,192 ranks, 4 levels of 16 x 16,
-        2-5 s tasks: 716,000 events for 163,840 tasks, 416,000 with the floor; 4.58 %, 4.62 %).
+        Not under :data:`BLOCK_FLOOR` ids (nor an id per four ranks, nor what the ranks run in
+        ``BLOCK_SPAN``): with tasks of seconds every block was one id, a refill per task at every
+        level (simulated, 8,192 ranks, 16 x 16, 2-5 s: 716,000 events for 163,840 tasks, now 416,000).
+        Not more for long tasks: a region drained whole ran its stock alone (see ``Region.shed``).
         """
         s = self.sizing
         chunk = self.leaf_chunk(available)
         if self._tasks_seen and self.task_mean > 0:
             want = max(chunk, math.ceil(weight * s.horizon / (2 * self.task_mean)),
-                       min(BLOCK_FLOOR, math.ceil(weight / 4)))
+                       min(BLOCK_FLOOR, math.ceil(weight / 4), math.ceil(weight * BLOCK_SPAN / self.task_mean)))
         else:
             want = chunk * weight
         share = math.ceil(available * weight / (2 * max(1, self.total_weight)))

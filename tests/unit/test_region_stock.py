@@ -75,6 +75,8 @@ def test_blocks_hold_a_few_horizons_of_work_once_task_times_are_known():
     assert m.block(10_000, 16) == 4  # (at most an id per four ranks: a range per rank was a task-time
     assert m.block(10_000, 3) == 1  # of stock that regions taking the last blocks ran after the others)
     assert m.block(6, 64) == math.ceil(6 * 64 / (2 * m.total_weight)) < BLOCK_FLOOR  # the share of what is left still cuts it
+    m.task_mean = 204.0  # (docking: 16 ranks run 0.08 ids a second; a region drained whole ran its stock alone)
+    assert m.block(10_000, 16) == 1
     m.task_mean = 0.0035  # (3.5 ms tasks: 16 ranks run 23 ids in 5 ms)
     assert m.block(10_000, 16) == 23
 
@@ -131,6 +133,22 @@ def test_a_region_moves_its_leaf_stock_upstairs_only_once_nothing_more_comes_fro
     r.parent_drained = r.drains = True
     r.publish(clock())
     assert r.owners[UPPER].on_board > 0  # the end: stock goes where claimers wait
+
+
+def test_a_region_left_with_only_its_own_loop_sends_its_surplus_up_at_once():
+    boards, clock = SimBoards((256, 256)), Clock()
+    r = _region(4, boards, clock)  # a leaf region of 4 ranks: rank 4 and its slaves 5, 6, 7
+    r.queue.add(100, 108)  # a block of 8 ids
+    r.publish(clock())
+    assert r.stock() == 8 and not r.alone()
+    r.shed(clock())  # (not alone: nothing moves)
+    for rank in (5, 6, 7):  # its slaves are drained: they leave
+        r.on_report(rank, Report(leaving=True), clock())
+    assert r.alone()
+    r.refill(clock())
+    assert r.stock() == r.leaf_chunk(r.gss_pool()) == 1  # one range for its own loop
+    assert r.flush_due(clock())  # (up at once: other regions may wait for them)
+    assert r.flush().returned == ((101, 108),)
 
 
 def test_a_region_sends_its_completions_at_once_when_no_child_holds_an_id():
