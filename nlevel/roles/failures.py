@@ -138,10 +138,10 @@ class Failures(StationCore):
             names = tuple(sorted(failed))
             outs += [Send(r, Holding((), names, True, self.recon.token(r))) for r in sorted(ask - {self.rank})]
         if tell:
-            # After the questions: a survivor keeps a question until it knows of the death (see
-            # defer), then answers it in the same look. Told first, it learned of the death and
-            # often found the question only one range later (measured: a master's recovery
-            # waited 25 ms more for such a survivor, 8 ranks on 2 cores).
+            # After the questions: a survivor takes the death from the question and answers it in
+            # the same look (see Station.receive). Told first, it learned of the death and often
+            # found the question only one range later (measured: a master's recovery waited 25 ms
+            # more for such a survivor, 8 ranks on 2 cores).
             gone = Gone(tuple(sorted(new)), how)
             outs += [Send(r, gone) for r in range(self.size) if r not in failed and r != self.rank]
         if isinstance(self.server, Master) and self.ft:
