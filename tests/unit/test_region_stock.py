@@ -90,21 +90,27 @@ def test_a_region_divides_its_own_stock_only_once_its_parent_is_drained():
     assert r.gss_pool() == 20
 
 
-def test_a_region_refills_for_the_board_its_claimers_wait_on():
-    # Ids published on its leaf board cannot serve sub-regions waiting on its upper board.
-    boards, clock = SimBoards((256, 256)), Clock()
-    m = _master(boards, clock)
-    m.publish(clock())
+def _stocked_region(boards: SimBoards, clock: Clock, waiting: tuple[int, ...]) -> Region:
+    """Region 16 with 40 ids published on its two boards; the sub-regions ``waiting`` take what
+    is on its upper board and wait there."""
+    _master(boards, clock).publish(clock())
     r = _region(16, boards, clock)
     r.queue.add(100_000, 100_040)
     r.publish(clock())
-    leaf = r.owners[LEAF]
-    assert leaf.on_board > 0
-    for rank in (20, 24):  # two sub-regions claim from its upper board and find nothing
+    for rank in waiting:
         c = Claimer(rank, boards.slots(UPPER), 0)
         while c.claim(boards(16, UPPER)).status == "ids":
             pass
     r.scan(clock(), full=True)
+    return r
+
+
+def test_a_region_refills_for_the_board_its_claimers_wait_on():
+    # Ids published on its leaf board cannot serve sub-regions waiting on its upper board.
+    boards, clock = SimBoards((256, 256)), Clock()
+    r = _stocked_region(boards, clock, (20, 24))  # two sub-regions find nothing upstairs
+    leaf = r.owners[LEAF]
+    assert leaf.on_board > 0
     assert r.owners[UPPER].waiting == 2 and r.owners[UPPER].on_board == 0
     # Its stock is all on the leaf board (16 ids); two blocks are wanted upstairs. One number for
     # both boards (8 wanted, 16 held) said "enough"; per board it is short, so it refills.
@@ -114,17 +120,9 @@ def test_a_region_refills_for_the_board_its_claimers_wait_on():
 
 def test_a_region_moves_its_leaf_stock_upstairs_only_once_nothing_more_comes_from_above():
     boards, clock = SimBoards((256, 256)), Clock()
-    m = _master(boards, clock)
-    m.publish(clock())
-    r = _region(16, boards, clock)
-    r.queue.add(100_000, 100_040)
-    r.publish(clock())
+    r = _stocked_region(boards, clock, (20,))  # a sub-region waits upstairs
     r.queue = RangeSet()  # everything it holds is on its leaf board
     leaf = r.owners[LEAF]
-    c = Claimer(20, boards.slots(UPPER), 0)
-    while c.claim(boards(16, UPPER)).status == "ids":  # a sub-region takes the upper board's stock and waits
-        pass
-    r.scan(clock(), full=True)
     held = leaf.on_board
     r.publish(clock())
     # Its parent still has ids: the refill serves the sub-region, the leaf board stays as it is
