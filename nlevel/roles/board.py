@@ -484,21 +484,36 @@ class Owner:
         """The ranges published and not yet attributed (unclaimed, or in limbo)."""
         return [unpack(int(v)) for v in self.pub[self.pub >= 0]]
 
-    def take_back_unclaimed(self, mem: Memory) -> None:
+    def take_back_unclaimed(self, mem: Memory, lower: bool = False) -> None:
         """Take back (to :attr:`returned`) every published range no ticket has reached yet.
 
         For closing or finishing a board: raise the flag first, so that a claimer whose
         ticket now finds EMPTY learns why. Fetched-but-unswapped tickets above the last
         scan are taken back too (safe, as in :meth:`reclaim`); swapped ones are left to
         the next scan.
+
+        ``lower``: then bring TAIL down over the emptied slots no ticket had reached (HEAD read
+        first), so that the next ranges go to those tickets again; left up, TAIL marks a hole
+        of EMPTY slots that claimers fetch their way through, one lost claim per ticket. A
+        claimer fetching one of them meanwhile finds it above TAIL and waits for it, or gives it
+        up as lost (a range later published for it is in limbo, taken back after the grace).
         """
+        head = mem.get(HEAD) & _TICKETS if lower else 0
+        pub, slots = self.pub, self.slots
         for t in range(self.scanned, self.tail):
-            j = t % self.slots
-            v = int(self.pub[j])
+            j = t % slots
+            v = int(pub[j])
             if v >= 0 and mem.cas(HEADER + j, v, EMPTY) == v:
                 self.returned.append(unpack(v))
                 self.on_board -= v & MAX_LEN
-                self.pub[j] = EMPTY
+                pub[j] = EMPTY
+        if lower:
+            floor, tail = max(self.scanned, head), self.tail
+            while tail > floor and pub[(tail - 1) % slots] == EMPTY:
+                tail -= 1
+            if tail < self.tail:
+                self.tail = tail
+                mem.put(TAIL, tail | self.flags)
 
 
 def _runs(idx: np.ndarray) -> list[tuple[int, int]]:

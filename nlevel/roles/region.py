@@ -96,7 +96,8 @@ class Region(Server):
         return max(1, total)
 
     def alone(self) -> bool:
-        """Whether its own loop is the only one still claiming here (every other child left or died)."""
+        """Whether no child but its own loop still claims here (every other one left or died; also
+        when its own loop left too, which :meth:`everyone_left` handles first)."""
         own = self.children.get(self.rank)
         mine = 1 if own is not None and not own.left else 0
         return self.had_children and not self.live[UPPER] and self.live[LEAF] <= mine
@@ -110,13 +111,13 @@ class Region(Server):
         if self.parent_final or self.gone or self.stock() <= keep:
             return
         for kind, owner in self.owners.items():
-            owner.take_back_unclaimed(self.boards(self.rank, kind))
+            owner.take_back_unclaimed(self.boards(self.rank, kind), lower=True)  # (no hole for its own claims)
             self._settle_owner(owner, kind, now)
         if len(self.queue) > keep:
             kept = self.queue.take(keep)
             self.up_returned.add_ranges(self.queue.ranges())
             self.queue = RangeSet(kept)
-            self.oldest_up = min(self.oldest_up, now - self.age())  # (up at once: others may wait for them)
+            self.oldest_up = -math.inf  # (up at once: others may wait for them)
 
     def refill(self, now: float) -> None:
         """Claim from the parent's upper board while the stock is under target (a few tickets at most)."""

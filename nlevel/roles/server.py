@@ -44,8 +44,8 @@ LEAF, UPPER = 0, 1
 #: two atomic operations, or gave the ticket up (a live one swaps within microseconds).
 LIMBO_GRACE = 0.05
 
-#: Fewest ids in a block once task times are known: at most an id per four ranks of the child,
-#: and what they run in ``BLOCK_SPAN`` seconds (see :meth:`Server.block`).
+#: A block holds, once task times are known, at least the least of: ``BLOCK_FLOOR`` ids, an id per
+#: four ranks of the child, what they run in ``BLOCK_SPAN`` seconds (see :meth:`Server.block`).
 BLOCK_FLOOR, BLOCK_SPAN = 8, 1.0
 
 
@@ -387,8 +387,8 @@ class Server:
         (simulated, 8,192 ranks, 4 levels, 2-5 ms tasks: 6.1 % with four horizons, 4.6 % with
         one, 3.8 % with a half or a quarter, 10 % with a tenth, its refills too many).
 
-        Not under :data:`BLOCK_FLOOR` ids (nor an id per four ranks, nor what the ranks run in
-        ``BLOCK_SPAN``): with tasks of seconds every block was one id, a refill per task at every
+        Not under the least of :data:`BLOCK_FLOOR` ids, an id per four ranks and what the ranks run
+        in ``BLOCK_SPAN``: with tasks of seconds every block was one id, a refill per task at every
         level (simulated, 8,192 ranks, 16 x 16, 2-5 s: 716,000 events for 163,840 tasks, now 416,000).
         Not more for long tasks: a region drained whole ran its stock alone (see ``Region.shed``).
         """

@@ -123,10 +123,11 @@ class Station(Replanning, Closing, Watching):
             return self._board_op(src, msg)
         if self.ft and isinstance(msg, Holding) and msg.ask and set(msg.failed) - self.failed - {self.rank}:
             # A reconciler's question names deaths this rank has not heard of: they are certain (the
-            # asker was told by MPI or by the launcher), so they count from now. Waiting for this
-            # rank's own notice held a master's recovery up to 196 ms: ULFM told some survivors
-            # 130-160 ms after the new master (8 ranks on 2 cores; they had its question at 33-43 ms).
-            return self.fail(tuple(sorted(set(msg.failed) - self.failed - {self.rank}))) + self.receive(src, msg)
+            # asker was told by MPI or the launcher, or killed the rank itself), so they count from
+            # now. Waiting for this rank's own notice held a master's recovery up to 196 ms: ULFM
+            # told some survivors 130-160 ms after the new master (8 ranks on 2 cores; they had its
+            # question at 33-43 ms). (Recorded as "ulfm" should this rank be the one to record it.)
+            return self.fail(tuple(sorted(set(msg.failed) - self.failed - {self.rank}))) + self._receive(src, msg)
         if self.ft and isinstance(msg, (Report, Holding)) and self.defer(src, msg):
             return []
         if isinstance(msg, Holding):

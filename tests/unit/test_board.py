@@ -131,7 +131,7 @@ def test_every_id_goes_to_exactly_one_claimer_and_is_attributed_to_it(seed):
                 owner.reclaim(m, clock[0] - 2)
                 drain()
             if takeback and rng.random() < 0.15:  # (a server moving stock to its other board)
-                owner.take_back_unclaimed(m)
+                owner.take_back_unclaimed(m, lower=rng.random() < 0.5)
                 drain()
             k = min(len(queue), owner.room(), rng.randint(1, 3))
             if k:

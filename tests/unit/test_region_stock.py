@@ -12,7 +12,7 @@ import math
 
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
-from nlevel.roles.board import Claimer
+from nlevel.roles.board import Claim, Claimer
 from nlevel.roles.events import Send
 from nlevel.roles.master import Master
 from nlevel.roles.messages import Ending, Report
@@ -140,11 +140,14 @@ def test_a_region_left_with_only_its_own_loop_sends_its_surplus_up_at_once():
     r.publish(clock())
     assert r.stock() == 8 and not r.alone()
     r.shed(clock())  # (not alone: nothing moves)
+    assert r.stock() == 8 and not r.up_returned
     for rank in (5, 6, 7):  # its slaves are drained: they leave
         r.on_report(rank, Report(leaving=True), clock())
     assert r.alone()
     r.refill(clock())
-    assert r.stock() == r.leaf_chunk(r.gss_pool()) == 1  # one range for its own loop
+    assert r.stock() == r.leaf_chunk(r.gss_pool()) == 1  # one range for its own loop ...
+    r.publish(clock())
+    assert Claimer(4, boards.slots(LEAF)).claim(boards(4, LEAF)) == Claim(100, 101, "ids")  # ... its first claim finds it
     assert r.flush_due(clock())  # (up at once: other regions may wait for them)
     assert r.flush().returned == ((101, 108),)
 
