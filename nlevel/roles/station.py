@@ -127,7 +127,7 @@ class Station(Replanning, Closing, Watching):
             # now. Waiting for this rank's own notice held a master's recovery up to 196 ms: ULFM
             # told some survivors 130-160 ms after the new master (8 ranks on 2 cores; they had its
             # question at 33-43 ms). (Recorded as "ulfm" should this rank be the one to record it.)
-            return self.fail(tuple(sorted(set(msg.failed) - self.failed - {self.rank}))) + self._receive(src, msg)
+            return self.fail(msg.failed) + self._receive(src, msg)  # (fail() keeps only the news)
         if self.ft and isinstance(msg, (Report, Holding)) and self.defer(src, msg):
             return []
         if isinstance(msg, Holding):
