@@ -69,11 +69,12 @@ def test_blocks_hold_a_few_horizons_of_work_once_task_times_are_known():
     m = _master(boards, clock)
     assert m.block(10_000, 16) == 16  # nothing measured: a range per rank
     m.on_report(1, Report(done=(), tasks=4, busy=14.0), clock())  # 3.5 s tasks
-    # 16 ranks run 0.02 ids in half a horizon: a few ids (a block of one id was a refill per task
-    # at every level), not one per rank
+    # 64 ranks run 0.09 ids in half a horizon: still a few ids (a block of one id was a refill per
+    # task at every level), not one per rank; at most an id per four ranks (a range per rank was a
+    # task-time of stock that regions taking the last blocks ran after the others had nothing)
     assert m.block(10_000, 64) == BLOCK_FLOOR < 64
-    assert m.block(10_000, 16) == 4  # (at most an id per four ranks: a range per rank was a task-time
-    assert m.block(10_000, 3) == 1  # of stock that regions taking the last blocks ran after the others)
+    assert m.block(10_000, 16) == 4
+    assert m.block(10_000, 3) == 1
     assert m.block(6, 64) == math.ceil(6 * 64 / (2 * m.total_weight)) < BLOCK_FLOOR  # the share of what is left still cuts it
     m.task_mean = 204.0  # (docking: 16 ranks run 0.08 ids a second; a region drained whole ran its stock alone)
     assert m.block(10_000, 16) == 1
