@@ -362,6 +362,9 @@ class Failures(StationCore):
                         d.attach(child, w.holding())  # this rank's own loop is now served here
                         if w.state is State.LEFT:
                             d.child_left(child)  # (it left while it was someone else's child)
+            if isinstance(d, Region):
+                d.sent_weight = info.weight  # (what its parent now sizes blocks for, until it hears otherwise)
+                d.note_weight()
         self.server = d
         if w is None:
             return outs

@@ -154,6 +154,7 @@ class Report:
     busy_sq: float = 0.0  # ... and the sum of their squares (the planner's variance)
     task_max: float = 0.0  # the longest task seen below the sender (s): the leases follow it
     ending: Ending | None = None  # a leaf's early Ending, riding on its last report (one message, not two)
+    weight: int = 0  # a region's ranks still computing, when that changed since its last report (0: unchanged)
 
 
 @dataclass(frozen=True, slots=True)

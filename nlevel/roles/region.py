@@ -11,7 +11,7 @@ from ..ranges import RangeSet, Ranges
 from ..stats import RequestTimes
 from .board import CLOSED, Claimer
 from .messages import Report, Result, TaskFailure
-from .server import LEAF, UPPER, Boards, Server, Sizing
+from .server import LEAF, UPPER, Boards, Child, Server, Sizing
 from .worker import staggered
 
 __all__ = ["Region"]
@@ -50,6 +50,7 @@ class Region(Server):
         self.requests = RequestTimes()  # this region-master's own claims upward
         self.refill_s = 0.0  # how long its refills take, lately (a moving mean): the stock covers it
         self._asked_at: float | None = None
+        self.sent_weight = hierarchy[rank].weight  # the weight its parent sizes blocks for: the last it said
 
     def reparent(self, parent: int) -> None:
         """Claim from ``parent``'s upper board from now on (the old parent died)."""
@@ -61,7 +62,7 @@ class Region(Server):
         """Ids here not yet taken by a child: queued and on the boards."""
         return len(self.queue) + self.on_board()
 
-    def target(self) -> int:
+    def target(self, held: bool = True) -> int:
         """Ids to keep in stock: for each board, a range for every claimer waiting on it now, and
         ``prefetch`` times what its claimers take over two refills (a quarter of the horizon at
         least), so that a claim never waits for a refill. Refills are measured as they happen:
@@ -75,6 +76,9 @@ class Region(Server):
         board while it refilled nothing). Not more: stock held here is stock other regions cannot
         have, and at the end of a job it is what keeps some ranks busy while others idle (the
         paper's prefetch is one request).
+
+        ``held=False``: what the claimers need, without counting what is on the boards already
+        (a board keeps a few ranges per claimer published, more than this once its claimers left).
         """
         s = self.sizing
         pool = self.gss_pool()
@@ -85,14 +89,14 @@ class Region(Server):
         leaf = self.owners.get(LEAF)
         if leaf is not None:
             need = self.leaf_chunk(pool) * leaf.waiting + math.ceil(self.rate[LEAF] * ahead)
-            total += max(need, leaf.on_board)
+            total += max(need, leaf.on_board) if held else need
         upper = self.owners.get(UPPER)
         if upper is not None and self.live[UPPER]:
             # Sub-regions claim blocks from the upper board: their demand is this region's too
             # (counting only its own slaves, a middle region kept almost nothing and every
             # sub-region's refill waited for the master).
             need = self.block(pool, self.block_weight()) * upper.waiting + math.ceil(self.rate[UPPER] * ahead)
-            total += max(need, upper.on_board)
+            total += max(need, upper.on_board) if held else need
         return max(1, total)
 
     def alone(self) -> bool:
@@ -102,13 +106,51 @@ class Region(Server):
         mine = 1 if own is not None and not own.left else 0
         return self.had_children and not self.live[UPPER] and self.live[LEAF] <= mine
 
+    def live_ranks(self) -> int:
+        """Ranks still computing below this region-master (its own loop included)."""
+        return self.live_weight[LEAF] + self.live_weight[UPPER]
+
+    def _gone(self, child: Child) -> None:
+        super()._gone(child)
+        self.note_weight()
+
+    def set_weight(self, rank: int, weight: int) -> None:
+        super().set_weight(rank, weight)
+        self.note_weight()
+
+    def note_weight(self) -> None:
+        """Its live weight changed: the parent hears it with the next flush (due within the batch age)."""
+        if self.live_ranks() != self.sent_weight and self.oldest_up == math.inf:
+            self.oldest_up = self.clock()
+
+    def surplus_keep(self) -> int | None:
+        """Stock to keep when what is held here is far more than its live ranks can use (None: keep it all).
+
+        Alone (see :meth:`alone`): one range for its own loop. Else, while the parent still has
+        ids: twice what the claimers need and two ranges per live rank, once the stock is four
+        times that (never in a region whose ranks all compute: its boards keep at most four
+        ranges per claimer). A region whose ranks were drained kept its stock published for them,
+        and its region-masters, left alone, ran it one task after another (simulated, 1,024
+        ranks, 4 levels of 8 x 4, 2-5 s tasks, the 128 highest drained at 30 s: the job ended at
+        189 s against 79 s with 3 levels).
+        """
+        if self.alone():
+            return self.target()
+        if self.drains:
+            return None  # (the end of the job: the boards' rebalancing does the rest)
+        stock, live = self.stock(), self.live_ranks()
+        if stock <= 8 * live:
+            return None  # (keep is at least two ids a rank: the usual case, decided without the rest)
+        keep = max(self.target(held=False), 2 * live * self.leaf_chunk(self.gss_pool()))
+        return keep if stock > 4 * keep else None
+
     def shed(self, now: float) -> None:
-        """Alone (see :meth:`alone`): stock beyond one range for its own loop goes back up, at once.
-        Else a region-master whose ranks were drained ran its stock alone, one task after another
-        (simulated, 8,192 ranks, 16 x 16, 2-5 s tasks, 1,024 drained at 30 s: the job ended at
-        119 s with blocks of 8 ids, 106 s with this, 103 s with blocks of one id)."""
-        keep = self.target()
-        if self.parent_final or self.gone or self.stock() <= keep:
+        """Stock beyond :meth:`surplus_keep` goes back up, at once. Else a region-master whose ranks
+        were drained ran its stock alone, one task after another (simulated, 8,192 ranks, 16 x 16,
+        2-5 s tasks, 1,024 drained at 30 s: the job ended at 119 s with blocks of 8 ids, 106 s
+        with this, 103 s with blocks of one id)."""
+        keep = self.surplus_keep()
+        if keep is None or self.parent_final or self.gone or self.stock() <= keep:
             return
         for kind, owner in self.owners.items():
             owner.take_back_unclaimed(self.boards(self.rank, kind), lower=True)  # (no hole for its own claims)
@@ -123,8 +165,7 @@ class Region(Server):
         """Claim from the parent's upper board while the stock is under target (a few tickets at most)."""
         if self.parent_final or self.gone:
             return
-        if self.alone():
-            self.shed(now)
+        self.shed(now)
         mem = self.boards(self.parent, UPPER)
         for _ in range(4):
             if self.stock() >= self.target():
@@ -139,8 +180,7 @@ class Region(Server):
                 if not self.parent_drained:  # (at the end, the waits are for ids nobody has)
                     self.refill_s += 0.2 * (now - self._asked_at - self.refill_s)
                 self._asked_at = None
-                if self.alone():
-                    self.shed(now)  # (its parent sized the block for the region it was)
+                self.shed(now)  # (its parent sized the block for the region it was)
             elif claim.status == "final":
                 self.parent_final = True
                 self.drains = True
@@ -189,7 +229,8 @@ class Region(Server):
 
     def flush_due(self, now: float) -> bool:
         """Whether buffered completions should go up now."""
-        if not (self.up_done or self.up_failed or self.up_returned or self.up_tasks):
+        if not (self.up_done or self.up_failed or self.up_returned or self.up_tasks
+                or self.live_ranks() != self.sent_weight):
             return False
         if len(self.up_done) >= self.batch or self.parent_final or self.gone:
             return True
@@ -223,9 +264,12 @@ class Region(Server):
 
     def flush(self, leaving: bool = False) -> Report:
         """The buffered completions as a report upward (the buffers start anew)."""
+        live = self.live_ranks()
         report = Report(self.up_done.ranges(), tuple(self.up_results), self.up_returned.ranges(),
                         tuple(self.up_failed), leaving, tasks=self.up_tasks,
-                        busy=self.up_busy, busy_sq=self.up_busy_sq, task_max=self.task_max)
+                        busy=self.up_busy, busy_sq=self.up_busy_sq, task_max=self.task_max,
+                        weight=live if live != self.sent_weight and live > 0 else 0)
+        self.sent_weight = live
         self.up_done = RangeSet()
         self.up_results = []
         self.up_failed = []

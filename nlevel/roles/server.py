@@ -381,8 +381,7 @@ class Server:
         What the child's ranks run in half a horizon, once task times are known (a range per
         rank before). Not a range per rank after: with tasks of seconds that was a task per rank
         in every block, and regions that took the last blocks ran for a task-time after the
-        others had nothing (8,192 ranks, 4 levels, 2-5 s tasks: the last rank ended 3 s after
-        the tenth-last percent). Not more: a region's refill takes well under a horizon, and at
+        others had nothing (8,192 ranks, 4 levels, 2-5 s: the last rank ended 3 s after the rest). Not more: a region's refill takes well under a horizon, and at
         the end of a job the last blocks are what some regions run while others idle
         (simulated, 8,192 ranks, 4 levels, 2-5 ms tasks: 6.1 % with four horizons, 4.6 % with
         one, 3.8 % with a half or a quarter, 10 % with a tenth, its refills too many).
@@ -481,9 +480,8 @@ class Server:
     def _rebalance(self, now: float) -> None:
         # Stock moves to the board whose claimers starve only once nothing more comes from above
         # (before, the refill serves them). Else a middle region took its leaf board back on every
-        # look while a sub-region waited, published it there again, and left a hole of emptied
-        # slots its ranks claimed through, eight lost claims at a time (simulated, 4,096 ranks,
-        # 4 levels, 2-5 s tasks: 865,000 ranges taken back for 81,920 tasks; 6.19 %, now 5.69 %).
+        # look while a sub-region waited and published it there again, leaving holes its ranks lost
+        # claims in (4,096 ranks, 4 levels, 2-5 s: 865,000 ranges taken back for 81,920 tasks).
         owners = self.owners
         if not owners:
             return
@@ -517,6 +515,8 @@ class Server:
             if unheld and not self.accounted(unheld):
                 self.scan(now, full=True)  # a claim the quick look missed (a ticket the ring lapped)
         child.heard = now
+        if report.weight > 0 and child.kind == UPPER and src in self.children and report.weight != child.weight:
+            self.set_weight(src, report.weight)  # (its ranks left or died: blocks sized for what it is now)
         if report.task_max > self.task_max:
             self.task_max = report.task_max
         self.busy_below += report.busy

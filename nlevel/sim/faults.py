@@ -123,8 +123,11 @@ def fault_handler(engine: Any, stations: list[Station], loops: list[Loop], push:
             else:
                 h = stations[m].hierarchy
                 slaves = [x for x in range(n) if h[x].role.value == "slave" and not dead[x] and not ended[x]]
-                step = len(slaves) / -count
-                request = DrainRequest(f"sim-drain-{k}", ranks=tuple(slaves[int(i * step)] for i in range(-count)))
+                if not slaves:
+                    return  # (the job's slaves have all ended: nothing to drain)
+                take = min(-count, len(slaves))
+                step = len(slaves) / take
+                request = DrainRequest(f"sim-drain-{k}", ranks=tuple(slaves[int(i * step)] for i in range(take)))
             done = serve(m, t, request)
             send_all(m, done)
             after_server(m, done)

@@ -153,6 +153,51 @@ def test_a_region_left_with_only_its_own_loop_sends_its_surplus_up_at_once():
     assert r.flush().returned == ((101, 108),)
 
 
+def test_a_sub_region_whose_ranks_leave_says_so_and_its_parent_sizes_blocks_for_what_is_left():
+    boards, clock = SimBoards((256, 256)), Clock()
+    r = _region(20, boards, clock)  # a leaf region of 4 ranks (20 and its slaves 21-23) under region 16
+    assert not r.flush_due(clock()) and r.flush().weight == 0  # nothing changed: nothing said
+    for rank in (21, 22):  # drained
+        r.on_report(rank, Report(leaving=True), clock())
+    assert r.live_ranks() == 2 and not r.flush_due(clock())  # (due within the batch age, with what else goes up)
+    clock.t += 1.0
+    assert r.flush_due(clock())
+    report = r.flush()
+    assert report.weight == 2 and not report.done
+    assert r.flush().weight == 0  # said once
+    p = _region(16, boards, clock)  # its parent: its own 4 ranks and three sub-regions of 4
+    assert p.block_weight() == 4 and p.live_ranks() == 16
+    p.on_report(20, report, clock())
+    assert p.children[20].weight == 2 and p.block_weight() == 2 and p.live_ranks() == 14
+    clock.t += 1.0
+    assert p.flush_due(clock()) and p.flush().weight == 14  # ... and up the tree
+
+
+def test_a_region_whose_ranks_were_drained_sends_what_they_cannot_use_up():
+    boards, clock = SimBoards((256, 256)), Clock()
+    r = _stocked_region(boards, clock, ())  # region 16: 40 ids on its boards, for 16 ranks
+    assert r.stock() == 40
+    r.shed(clock())
+    assert r.stock() == 40 and not r.up_returned  # (every rank computes: a few ranges each is its stock)
+    for rank in (17, 18, 19):  # its own slaves are drained ...
+        r.on_report(rank, Report(leaving=True), clock())
+    for sub in (20, 24, 28):  # ... and its sub-regions' (each says what is left: its region-master)
+        r.on_report(sub, Report(weight=1), clock())
+    assert r.live_ranks() == 4 and not r.alone()
+    r.refill(clock())
+    keep = r.stock()
+    assert keep == max(r.target(held=False), 2 * 4 * r.leaf_chunk(r.gss_pool())) < 40  # two ranges a rank
+    assert r.flush_due(clock())  # (up at once: other regions run them)
+    back = RangeSet(r.flush().returned)
+    kept = r.published()
+    kept.add_ranges(r.queue.ranges())
+    assert len(back) == 40 - keep and len(kept) == keep and not any(back.overlap(a, b) for a, b in kept.ranges())
+    r.queue.add(200_000, 200_040)
+    r.parent_drained = r.drains = True
+    r.shed(clock())
+    assert r.stock() == keep + 40 and not r.up_returned  # the end of the job: the boards' rebalancing does it
+
+
 def test_a_region_sends_its_completions_at_once_when_no_child_holds_an_id():
     boards, clock = SimBoards((256, 256)), Clock()
     r = _region(20, boards, clock)
