@@ -80,6 +80,7 @@ class StationCore:
         self.drain_requested = False
         self.drained: dict[int, float] = {}  # the master: ranks it asked to leave, and when
         self.served_bins: dict[int, int] = {}  # wall time // TIMELINE_BIN -> ranges taken here
+        self._served_seen = 0  # the server's count of ranges taken, as the timeline last saw it
         self.sent_up_at = clock()  # a region-master: when it last reported to its parent
         self.hosts = hosts
         # Failures (see nlevel.roles.failures).
@@ -287,7 +288,7 @@ class StationCore:
 
     def _timeline(self, d: Server) -> None:
         served = d.served
-        last = getattr(self, "_served_seen", 0)
+        last = self._served_seen
         if served > last:
             b = int(self.wall() / TIMELINE_BIN)
             self.served_bins[b] = self.served_bins.get(b, 0) + served - last

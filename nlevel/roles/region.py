@@ -36,6 +36,8 @@ class Region(Server):
         self.batch = batch
         self.batch_age = staggered(batch_age, rank)
         self._age0 = batch_age
+        self._age_mean = -1.0  # the task mean age() was last worked out for, and its answer
+        self._age = 0.0
         self.up_done = RangeSet()
         self.up_results: list[tuple[int, Result]] = []
         self.up_failed: list[TaskFailure] = []
@@ -51,6 +53,7 @@ class Region(Server):
         self.refill_s = 0.0  # how long its refills take, lately (a moving mean): the stock covers it
         self._asked_at: float | None = None
         self.sent_weight = hierarchy[rank].weight  # the weight its parent sizes blocks for: the last it said
+        self.shrank = False  # a child left, died or shrank: its stock may be more than the rest can use
 
     def reparent(self, parent: int) -> None:
         """Claim from ``parent``'s upper board from now on (the old parent died)."""
@@ -112,10 +115,12 @@ class Region(Server):
 
     def _gone(self, child: Child) -> None:
         super()._gone(child)
+        self.shrank = True
         self.note_weight()
 
     def set_weight(self, rank: int, weight: int) -> None:
         super().set_weight(rank, weight)
+        self.shrank = True
         self.note_weight()
 
     def note_weight(self) -> None:
@@ -149,6 +154,8 @@ class Region(Server):
         were drained ran its stock alone, one task after another (simulated, 8,192 ranks, 16 x 16,
         2-5 s tasks, 1,024 drained at 30 s: the job ended at 119 s with blocks of 8 ids, 106 s
         with this, 103 s with blocks of one id)."""
+        if not self.shrank:
+            return  # (the usual case: every child there is computes)
         keep = self.surplus_keep()
         if keep is None or self.parent_final or self.gone or self.stock() <= keep:
             return
@@ -242,7 +249,11 @@ class Region(Server):
         alike (see :func:`~nlevel.model.cost.flush_age`). With 2-5 s tasks a region of 128 ranks
         flushed 20 times a second, two ids each: its parent's CPU, and most of a simulation's
         events, went to that."""
-        return self.batch_age * flush_age(self._age0, self.task_mean) / self._age0 if self._age0 > 0 else 0.0
+        mean = self.task_mean
+        if mean != self._age_mean:  # (asked several times per look; the mean moves with each report)
+            self._age_mean = mean
+            self._age = self.batch_age * flush_age(self._age0, mean) / self._age0 if self._age0 > 0 else 0.0
+        return self._age
 
     def flush_at(self) -> float:
         """When the buffered completions are due by age (inf: nothing buffered)."""

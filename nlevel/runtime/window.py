@@ -65,7 +65,7 @@ class WindowMemory:
         self.win.Flush(self.target)
         return out
 
-    def write(self, index: int, values: np.ndarray) -> None:
+    def write(self, index: int, values: np.ndarray | list[int]) -> None:
         values = np.ascontiguousarray(values, np.int64)
         self.win.Accumulate(values, self.target, (self.base + index, len(values), MPI.INT64_T), MPI.REPLACE)
         self.win.Flush(self.target)
@@ -207,7 +207,7 @@ class RemoteMemory:
     def read(self, index: int, count: int) -> np.ndarray:
         return np.array(self._op("read", index, count), np.int64)
 
-    def write(self, index: int, values: np.ndarray) -> None:
+    def write(self, index: int, values: np.ndarray | list[int]) -> None:
         raise RuntimeError("only a board's owner writes it")
 
     def put(self, index: int, value: int) -> None:

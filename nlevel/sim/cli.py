@@ -218,7 +218,7 @@ def _at(text: str, flag: str, ideal: float) -> tuple[float, str]:
 
 def _in_compiled(where: str, argv: Sequence[str]) -> int:
     """Run this command again in a child whose ``nlevel`` is the compiled build in ``where``."""
-    code = f"import sys; sys.path.insert(0, {where!r}); from nlevel.sim.cli import main; sys.exit(main())"
+    code = f"import sys; sys.path.insert(0, {where!r}); import runpy; runpy.run_module('nlevel.sim', run_name='__main__')"
     # One BLAS thread: the simulation uses none, and idle OpenBLAS threads spin on a busy machine.
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     env[_CHILD] = "1"

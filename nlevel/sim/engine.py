@@ -85,11 +85,11 @@ class _Counting(LocalMemory):
         self.sink[0] += 1
         return self.words[index]
 
-    def read(self, index: int, count: int) -> np.ndarray:
+    def read(self, index: int, count: int) -> list[int]:
         self.sink[0] += 1
         return super().read(index, count)
 
-    def write(self, index: int, values: np.ndarray) -> None:
+    def write(self, index: int, values: np.ndarray | list[int]) -> None:
         self.sink[0] += 1
         super().write(index, values)
 

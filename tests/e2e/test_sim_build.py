@@ -86,3 +86,14 @@ def test_small_runs_do_not_build(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["engine"] == "python"
     assert not list(tmp_path.glob("sim-*"))
+
+
+def test_the_build_compiles_frozen_dataclasses_as_plain_hashable_ones(tmp_path: Path) -> None:
+    # (a frozen dataclass's __init__ goes through object.__setattr__, interpreted even when compiled)
+    src = tmp_path / "m.py"
+    src.write_text("@dataclass(frozen=True, slots=True)\nclass A:\n    x: int\n\n\n"
+                   "@dataclass(frozen=True)\nclass B:\n    y: int\n\n\n@dataclass(slots=True)\nclass C:\n    z: int\n")
+    sim_build._thaw(src)
+    assert src.read_text() == ("@dataclass(slots=True, unsafe_hash=True)\nclass A:\n    x: int\n\n\n"
+                               "@dataclass(unsafe_hash=True)\nclass B:\n    y: int\n\n\n@dataclass(slots=True)\nclass C:\n    z: int\n")
+    assert "@dataclass(frozen=True" in (Path(sim_build.__file__).parent.parent / "roles" / "events.py").read_text()
