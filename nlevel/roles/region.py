@@ -12,6 +12,7 @@ from ..stats import RequestTimes
 from .board import CLOSED, Claimer
 from .messages import Report, Result, TaskFailure
 from .server import LEAF, UPPER, Boards, Child, Server, Sizing
+from .suspects import among
 from .worker import staggered
 
 __all__ = ["Region"]
@@ -119,22 +120,37 @@ class Region(Server):
         self.note_weight()
 
     def set_weight(self, rank: int, weight: int) -> None:
+        before = self.live_ranks()
         super().set_weight(rank, weight)
-        self.shrank = True
+        self._weighed(before)
+
+    def reweigh(self, rank: int, live: int) -> None:
+        before = self.live_ranks()
+        super().reweigh(rank, live)
+        self._weighed(before)
+
+    def _weighed(self, before: int) -> None:
+        if self.live_ranks() < before:
+            self.shrank = True
         self.note_weight()
 
+    def weight_news(self) -> bool:
+        """Whether its parent should hear its live weight (it changed; a region nobody computes in leaves instead)."""
+        live = self.live_ranks()
+        return live != self.sent_weight and live > 0
+
     def note_weight(self) -> None:
-        """Its live weight changed: the parent hears it with the next flush (due within the batch age)."""
-        if self.live_ranks() != self.sent_weight and self.oldest_up == math.inf:
+        """Its live weight may have changed: the parent hears it with the next flush (due within :meth:`age`)."""
+        if self.oldest_up == math.inf and self.weight_news():
             self.oldest_up = self.clock()
 
     def surplus_keep(self) -> int | None:
         """Stock to keep when what is held here is far more than its live ranks can use (None: keep it all).
 
         Alone (see :meth:`alone`): one range for its own loop. Else, while the parent still has
-        ids: twice what the claimers need and two ranges per live rank, once the stock is four
-        times that (never in a region whose ranks all compute: its boards keep at most four
-        ranges per claimer). A region whose ranks were drained kept its stock published for them,
+        ids: what the claimers need (without the boards' stock) or two ranges per live rank,
+        whichever is more, once the stock is four times that (never in a region whose ranks all
+        compute: its boards keep at most four ranges per claimer). A region whose ranks were drained kept its stock published for them,
         and its region-masters, left alone, ran it one task after another (simulated, 1,024
         ranks, 4 levels of 8 x 4, 2-5 s tasks, the 128 highest drained at 30 s: the job ended at
         189 s against 79 s with 3 levels).
@@ -163,9 +179,13 @@ class Region(Server):
             owner.take_back_unclaimed(self.boards(self.rank, kind), lower=True)  # (no hole for its own claims)
             self._settle_owner(owner, kind, now)
         if len(self.queue) > keep:
-            kept = self.queue.take(keep)
+            kept = RangeSet(self.queue.take(keep))
+            if self.suspects:  # (they stay where their deaths are counted toward the quarantine)
+                stay = among(self.queue, self.suspects)
+                self.queue.remove_ranges(stay)
+                kept.add_ranges(stay)
             self.up_returned.add_ranges(self.queue.ranges())
-            self.queue = RangeSet(kept)
+            self.queue = kept
             self.oldest_up = -math.inf  # (up at once: others may wait for them)
 
     def refill(self, now: float) -> None:
@@ -236,8 +256,7 @@ class Region(Server):
 
     def flush_due(self, now: float) -> bool:
         """Whether buffered completions should go up now."""
-        if not (self.up_done or self.up_failed or self.up_returned or self.up_tasks
-                or self.live_ranks() != self.sent_weight):
+        if not (self.up_done or self.up_failed or self.up_returned or self.up_tasks or self.weight_news()):
             return False
         if len(self.up_done) >= self.batch or self.parent_final or self.gone:
             return True
@@ -279,7 +298,7 @@ class Region(Server):
         report = Report(self.up_done.ranges(), tuple(self.up_results), self.up_returned.ranges(),
                         tuple(self.up_failed), leaving, tasks=self.up_tasks,
                         busy=self.up_busy, busy_sq=self.up_busy_sq, task_max=self.task_max,
-                        weight=live if live != self.sent_weight and live > 0 else 0)
+                        weight=live if self.weight_news() else 0)
         self.sent_weight = live
         self.up_done = RangeSet()
         self.up_results = []

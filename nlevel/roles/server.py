@@ -33,6 +33,7 @@ from ..model.hierarchy import Hierarchy
 from ..ranges import RangeSet, Ranges
 from .board import MAX_LEN, Memory, Owner
 from .messages import Report, Result, TaskFailure
+from .child import Child
 from .suspects import among, isolate
 
 __all__ = ["LEAF", "UPPER", "Boards", "Child", "Server", "Sizing"]
@@ -82,21 +83,6 @@ class Sizing:
         self.horizon = horizon
 
 
-class Child:
-    """What a server knows of one child (a rank, or its own worker)."""
-
-    __slots__ = ("rank", "weight", "kind", "held", "left", "heard", "leased")
-
-    def __init__(self, rank: int, weight: int, kind: int) -> None:
-        self.rank = rank
-        self.weight = weight
-        self.kind = kind
-        self.held = RangeSet()  # ids it took and has not reported finished or given back
-        self.left = False  # it said it leaves (nothing more comes from it)
-        self.heard = 0.0  # when it last took ids or reported (its lease runs from here)
-        self.leased = ""  # why it is being killed: its lease expired, or its task ran past the time limit
-
-
 class Server:
     """What the master and region-masters share: children, queue, boards.
 
@@ -129,7 +115,7 @@ class Server:
         self.live = {LEAF: 0, UPPER: 0}  # children of each board kind still in the loop
         self.had_children = False
         self.live_weight = {LEAF: 0, UPPER: 0}
-        self._upper_weights: dict[int, int] = {}  # weight -> live sub-regions of that weight
+        self._block_weight = 1  # see block_weight(): worked out again when a sub-region's weight changes
         self.owners: dict[int, Owner] = {}
         for r, w in weights.items():
             kind = UPPER if r != rank and hierarchy[r].children else LEAF
@@ -169,7 +155,7 @@ class Server:
         self.live[kind] += 1
         self.live_weight[kind] += weight
         if kind == UPPER:
-            self._count_weight(weight, 1)
+            self._size_blocks()
         if kind not in self.owners:
             owner = self.owners[kind] = Owner(self.boards.slots(kind))
             owner.start(self.boards(self.rank, kind), self.epoch)
@@ -180,7 +166,7 @@ class Server:
         self.scan(self.clock(), full=True)
         child = self.children.pop(rank)
         self.held_total -= len(child.held)
-        self.total_weight = max(0, self.total_weight - child.weight)
+        self.total_weight = max(0, self.total_weight - (child.weight - child.gone_weight))
         if not child.left:
             self._gone(child)
         return child.held
@@ -194,9 +180,9 @@ class Server:
     def _gone(self, child: Child) -> None:
         """``child`` claims no more (it left, or died)."""
         self.live[child.kind] -= 1
-        self.live_weight[child.kind] -= child.weight
+        self.live_weight[child.kind] -= child.weight - child.gone_weight
         if child.kind == UPPER:
-            self._count_weight(child.weight, -1)
+            self._size_blocks()
 
     def adopt_child(self, rank: int, weight: int, kind: int, held: RangeSet | None = None) -> Child:
         """Take a new child (after a failure re-laid the hierarchy), optionally holding ``held``."""
@@ -226,22 +212,36 @@ class Server:
         self.held_total += len(child.held) - before
 
     def set_weight(self, rank: int, weight: int) -> None:
-        """A child's subtree changed size."""
+        """A child's subtree changed size (a failure re-laid the plan); what it said had left stays gone."""
         child = self.children[rank]
-        self.total_weight += weight - child.weight
+        gone = min(child.gone_weight, max(0, weight - 1))
+        change = (weight - gone) - (child.weight - child.gone_weight)
+        self.total_weight += change
         if not child.left:
-            self.live_weight[child.kind] += weight - child.weight
-            if child.kind == UPPER:
-                self._count_weight(child.weight, -1)
-                self._count_weight(weight, 1)
-        child.weight = weight
+            self.live_weight[child.kind] += change
+        child.weight, child.gone_weight = weight, gone
+        if child.kind == UPPER:
+            self._size_blocks()
 
-    def _count_weight(self, weight: int, n: int) -> None:
-        k = self._upper_weights.get(weight, 0) + n
-        if k > 0:
-            self._upper_weights[weight] = k
-        else:
-            self._upper_weights.pop(weight, None)
+    def reweigh(self, rank: int, live: int) -> None:
+        """Sub-region ``rank`` says ``live`` of its ranks still compute (the others left or died)."""
+        child = self.children[rank]
+        gone = max(0, child.weight - live)
+        change = child.gone_weight - gone
+        child.gone_weight = gone
+        self.total_weight += change
+        if not child.left:
+            self.live_weight[child.kind] += change
+        if change and child.kind == UPPER:
+            self._size_blocks()
+
+    def _size_blocks(self) -> None:
+        sizes: dict[bool, list[int]] = {True: [], False: []}  # (at least half its ranks left: its weight)
+        for c in self.children.values():
+            if c.kind == UPPER and not c.left:
+                sizes[2 * (c.weight - c.gone_weight) >= c.weight].append(c.weight - c.gone_weight)
+        some = sizes[True] or sizes[False]
+        self._block_weight = max(1, min(some)) if some else 1
 
     def block_weight(self) -> int:
         """The weight a block on the upper board is sized for: the smallest live sub-region's.
@@ -251,9 +251,11 @@ class Server:
         own subtree (tens): blocks sized for the mean went to the small ones too, each of which
         then held several tasks per rank at the end of the job while the rest of the job idled
         (8,192 ranks, 4 levels, 2-5 s tasks: 25 % overhead, against 4 % with this). A large
-        region claims more blocks instead.
+        region claims more blocks instead. Sub-regions that lost over half their ranks (drained)
+        count only when all did: sized for one, every sibling's block was one id, a refill per
+        task; what a drained one cannot use it sends back (``Region.shed``).
         """
-        return min(self._upper_weights) if self._upper_weights else 1
+        return self._block_weight
 
     def requeue_lost(self, ids: RangeSet, rank: int = -1, host: str = "", how: str = "",
                      count: bool = True) -> tuple[int, list[int]]:
@@ -379,12 +381,10 @@ class Server:
         """Ids per upper range (a region-master's refill) for a child of ``weight``.
 
         What the child's ranks run in half a horizon, once task times are known (a range per
-        rank before). Not a range per rank after: with tasks of seconds that was a task per rank
-        in every block, and regions that took the last blocks ran for a task-time after the
-        others had nothing (8,192 ranks, 4 levels, 2-5 s: the last rank ended 3 s after the rest). Not more: a region's refill takes well under a horizon, and at
-        the end of a job the last blocks are what some regions run while others idle
-        (simulated, 8,192 ranks, 4 levels, 2-5 ms tasks: 6.1 % with four horizons, 4.6 % with
-        one, 3.8 % with a half or a quarter, 10 % with a tenth, its refills too many).
+        rank before: with tasks of seconds, a task per rank in every block, and regions that took
+        the last blocks ran a task-time after the others had nothing). Not more: at the end of a
+        job the last blocks are what some regions run while others idle (simulated, 8,192 ranks,
+        4 levels, 2-5 ms: 6.1 % with four horizons, 4.6 % with one, 3.8 % with a half).
 
         Not under the least of :data:`BLOCK_FLOOR` ids, an id per four ranks and what the ranks run
         in ``BLOCK_SPAN``: with tasks of seconds every block was one id, a refill per task at every
@@ -515,8 +515,8 @@ class Server:
             if unheld and not self.accounted(unheld):
                 self.scan(now, full=True)  # a claim the quick look missed (a ticket the ring lapped)
         child.heard = now
-        if report.weight > 0 and child.kind == UPPER and src in self.children and report.weight != child.weight:
-            self.set_weight(src, report.weight)  # (its ranks left or died: blocks sized for what it is now)
+        if report.weight > 0 and child.kind == UPPER and src in self.children:
+            self.reweigh(src, report.weight)  # (its ranks left or died)
         if report.task_max > self.task_max:
             self.task_max = report.task_max
         self.busy_below += report.busy

@@ -50,6 +50,7 @@ COMPILED = (
     "model/hierarchy.py",
     "roles/board.py",
     "roles/worker.py",
+    "roles/child.py",
     "roles/server.py",
     "roles/master.py",
     "roles/region.py",
