@@ -363,8 +363,7 @@ class Failures(StationCore):
                         if w.state is State.LEFT:
                             d.child_left(child)  # (it left while it was someone else's child)
             if isinstance(d, Region):
-                d.sent_weight = info.weight  # (what its parent now sizes blocks for, until it hears otherwise)
-                d.note_weight()
+                d.relaid(info.weight)
         self.server = d
         if w is None:
             return outs

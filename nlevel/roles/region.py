@@ -139,6 +139,11 @@ class Region(Server):
         live = self.live_ranks()
         return live != self.sent_weight and live > 0
 
+    def relaid(self, weight: int) -> None:
+        """A failure re-laid the plan: its parent sizes it for ``weight`` now, until it says otherwise."""
+        self.sent_weight = weight
+        self.note_weight()
+
     def note_weight(self) -> None:
         """Its live weight may have changed: the parent hears it with the next flush (due within :meth:`age`)."""
         if self.oldest_up == math.inf and self.weight_news():
@@ -150,10 +155,10 @@ class Region(Server):
         Alone (see :meth:`alone`): one range for its own loop. Else, while the parent still has
         ids: what the claimers need (without the boards' stock) or two ranges per live rank,
         whichever is more, once the stock is four times that (never in a region whose ranks all
-        compute: its boards keep at most four ranges per claimer). A region whose ranks were drained kept its stock published for them,
-        and its region-masters, left alone, ran it one task after another (simulated, 1,024
-        ranks, 4 levels of 8 x 4, 2-5 s tasks, the 128 highest drained at 30 s: the job ended at
-        189 s against 79 s with 3 levels).
+        compute: its boards keep at most four ranges per claimer). A region whose ranks were
+        drained kept its stock published for them, and its region-masters, left alone, ran it one
+        task after another (simulated, 1,024 ranks, 4 levels of 8 x 4, 2-5 s tasks, the 128
+        highest drained at 30 s: the job ended at 189 s against 79 s with 3 levels).
         """
         if self.alone():
             return self.target()

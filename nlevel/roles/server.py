@@ -236,11 +236,8 @@ class Server:
             self._size_blocks()
 
     def _size_blocks(self) -> None:
-        sizes: dict[bool, list[int]] = {True: [], False: []}  # (at least half its ranks left: its weight)
-        for c in self.children.values():
-            if c.kind == UPPER and not c.left:
-                sizes[2 * (c.weight - c.gone_weight) >= c.weight].append(c.weight - c.gone_weight)
-        some = sizes[True] or sizes[False]
+        live = [(c.weight - c.gone_weight, c.weight) for c in self.children.values() if c.kind == UPPER and not c.left]
+        some = [w for w, planned in live if 2 * w >= planned] or [w for w, _ in live]
         self._block_weight = max(1, min(some)) if some else 1
 
     def block_weight(self) -> int:
@@ -515,7 +512,7 @@ class Server:
             if unheld and not self.accounted(unheld):
                 self.scan(now, full=True)  # a claim the quick look missed (a ticket the ring lapped)
         child.heard = now
-        if report.weight > 0 and child.kind == UPPER and src in self.children:
+        if report.weight > 0 and child.kind == UPPER:  # (a stranger is a LEAF child)
             self.reweigh(src, report.weight)  # (its ranks left or died)
         if report.task_max > self.task_max:
             self.task_max = report.task_max

@@ -54,7 +54,7 @@ import gc
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -452,13 +452,14 @@ def simulate(
     hierarchy = build(procs, first)
     costs = Costs(msg_time, service_time, atomic_time, atomic_service)
     victims = [(float(t), victim_rank(hierarchy, who)) for t, who in kills]
+
     def make() -> Engine:
         try:
             return Engine(hierarchy, config, durations, costs, kills=victims, drains=list(drains), notice=notice)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
-    result = _without_gc_pauses(make, Engine.run)
+    result = _run_without_gc_pauses(make)
     elapsed = time.perf_counter() - started
     work = result.busy
     makespan = result.makespan + startup
@@ -501,11 +502,8 @@ def simulate(
     )
 
 
-_T = TypeVar("_T")
-
-
-def _without_gc_pauses(make: Callable[[], Engine], run: Callable[[Engine], _T]) -> _T:
-    """``run(make())`` with fewer passes of the cyclic collector, and ``make()``'s objects frozen out of it.
+def _run_without_gc_pauses(make: Callable[[], Engine]) -> EngineResult:
+    """``make().run()`` with fewer passes of the cyclic collector, and ``make()``'s objects frozen out of it.
 
     A simulation allocates millions of short-lived messages and events over a few hundred
     thousand long-lived roles; Python's default collector re-scans the long-lived ones again
@@ -518,7 +516,7 @@ def _without_gc_pauses(make: Callable[[], Engine], run: Callable[[Engine], _T]) 
     try:
         engine = make()
         gc.freeze()
-        return run(engine)
+        return engine.run()
     finally:
         gc.set_threshold(*threshold)
         gc.unfreeze()
