@@ -8,10 +8,14 @@ is a :class:`RangeSet`; messages carry ranges as tuples of ``(start, stop)`` pai
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from typing import Iterable, Iterator
+import bisect
+from typing import Final, Iterable, Iterator
 
 __all__ = ["Ranges", "RangeSet"]
+
+# (Final: the compiled simulator calls them without looking them up in this module each time)
+bisect_left: Final = bisect.bisect_left
+bisect_right: Final = bisect.bisect_right
 
 #: Wire form of an id collection: sorted, disjoint ``(start, stop)`` pairs.
 Ranges = tuple[tuple[int, int], ...]
@@ -152,10 +156,9 @@ class RangeSet:
         """Add every range; return the number of ids that were new."""
         if isinstance(ranges, (tuple, list)) and _bulk(len(ranges), len(self._starts)):
             return self._merge_add(sorted(ranges))
-        add = self.add
         new = 0
         for a, b in ranges:
-            new += add(a, b)
+            new += self.add(a, b)  # (a method, not a local alias: compiled, that is a direct call)
         return new
 
     def remove(self, start: int, stop: int) -> int:
@@ -208,10 +211,9 @@ class RangeSet:
         """Remove every range; return the number of ids removed."""
         if isinstance(ranges, (tuple, list)) and _bulk(len(ranges), len(self._starts)):
             return self._merge_remove(sorted(r for r in ranges if r[1] > r[0]))
-        remove = self.remove
         removed = 0
         for a, b in ranges:
-            removed += remove(a, b)
+            removed += self.remove(a, b)
         return removed
 
     # -- many ranges at once: one pass over both lists instead of a search and a list

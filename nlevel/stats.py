@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any
+from typing import Any, Final
 
 __all__ = ["Summary", "RequestTimes"]
 
-_SAMPLE = 512  # values kept per summary for percentiles (reservoir sampling)
+_SAMPLE: Final = 512  # values kept per summary for percentiles (reservoir sampling)
 
 
 class Summary:
@@ -179,7 +179,7 @@ class Summary:
 
 
 #: The parts of a request time, as :class:`RequestTimes` names them.
-PARTS = ("total", "message", "wait", "dispose")
+PARTS: Final = ("total", "message", "wait", "dispose")
 
 
 class RequestTimes:

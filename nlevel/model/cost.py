@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from ..errors import ConfigError
 from .plan import Plan
@@ -39,13 +39,13 @@ from .queueing import kingman_wait
 #: against the one-sided counter's 0.7 %). Guided self-scheduling cuts ranges near the end
 #: of the pool, so the tail does not grow with it, and a death re-runs at most this much
 #: work per rank.
-CHUNK_TARGET = 30e-3
+CHUNK_TARGET: Final = 30e-3
 
 #: An automatic range holds at most 1/TAIL_RANGES of a process's share of the job's ids. When
 #: the last ranges are handed out each worker still has about half a range to run, so ranges
 #: sized from the task time alone lengthen a short job's tail: 1,024 processes x 100 tasks of
 #: [2, 5] ms simulated 2.6 % with 8 ms ranges and 3.5 % with 30 ms ones; with this cap, 2 ids.
-TAIL_RANGES = 40
+TAIL_RANGES: Final = 40
 
 
 def auto_ids(task_mean: float, chunk_target: float, max_chunk: int, ids_per_proc: float | None = None) -> int:
@@ -59,15 +59,15 @@ def auto_ids(task_mean: float, chunk_target: float, max_chunk: int, ids_per_proc
 __all__ = ["Costs", "Workload", "LevelLoad", "Prediction", "predict", "tail_idle", "range_chunk"]
 
 #: Operations a claim makes on its parent's board.
-CLAIM_OPS = 3
+CLAIM_OPS: Final = 3
 
 #: Seconds of consumption a server keeps published between two of its looks (the runtime's
 #: ``Sizing.horizon``). A region-master keeps ``prefetch`` times a quarter of it in stock
 #: (at least), which is what one sub-region may still run when its siblings have nothing.
-HORIZON = 0.01
+HORIZON: Final = 0.01
 
 #: The longest a region-master holds completions when tasks are long (see :func:`flush_age`).
-LONG_AGE = 1.0
+LONG_AGE: Final = 1.0
 
 
 def flush_age(batch_age: float, task_mean: float) -> float:

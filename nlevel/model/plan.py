@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from ..errors import ConfigError, PlanError
 
 __all__ = ["Plan", "SERVE_ONLY_CHOICES", "default_regions", "parse_force"]
 
 #: Which servers do not run tasks: nobody, the master only, or every master/region-master.
-SERVE_ONLY_CHOICES = ("none", "master", "all")
+SERVE_ONLY_CHOICES: Final = ("none", "master", "all")
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ per slot); EMPTY is -1 and the marker of rank ``r`` is ``-2 - r``: every packed 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 import numpy as np
 
@@ -61,20 +61,20 @@ __all__ = [
     "Memory", "LocalMemory", "Claim", "Claimer", "Owner",
 ]
 
-HEAD = 0
-TAIL = 1
-HEADER = 4  # words before the ring
-FINAL = 1 << 62
-CLOSED = 1 << 61
-DRAINED = 1 << 60
-_ENDS = FINAL | CLOSED
-_FLAGS = FINAL | CLOSED | DRAINED
-EMPTY = -1
-LEN_BITS = 20
-MAX_LEN = (1 << LEN_BITS) - 1
-MAX_ID = 1 << 42
-TICKET_BITS = 40
-_TICKETS = (1 << TICKET_BITS) - 1
+HEAD: Final = 0
+TAIL: Final = 1
+HEADER: Final = 4  # words before the ring
+FINAL: Final = 1 << 62
+CLOSED: Final = 1 << 61
+DRAINED: Final = 1 << 60
+_ENDS: Final = FINAL | CLOSED
+_FLAGS: Final = FINAL | CLOSED | DRAINED
+EMPTY: Final = -1
+LEN_BITS: Final = 20
+MAX_LEN: Final = (1 << LEN_BITS) - 1
+MAX_ID: Final = 1 << 42
+TICKET_BITS: Final = 40
+_TICKETS: Final = (1 << TICKET_BITS) - 1
 
 
 def marker(rank: int) -> int:
@@ -178,12 +178,12 @@ class Claim:
     status: str
 
 
-_WAIT = Claim(0, 0, "wait")
-_DRAINED = Claim(0, 0, "drained")
-_LOST = Claim(0, 0, "lost")
-_FINAL = Claim(0, 0, "final")
-_CLOSED = Claim(0, 0, "closed")
-_STALE = Claim(0, 0, "stale")
+_WAIT: Final = Claim(0, 0, "wait")
+_DRAINED: Final = Claim(0, 0, "drained")
+_LOST: Final = Claim(0, 0, "lost")
+_FINAL: Final = Claim(0, 0, "final")
+_CLOSED: Final = Claim(0, 0, "closed")
+_STALE: Final = Claim(0, 0, "stale")
 
 
 class Claimer:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Final
 
 from ..config import Config
 from ..model.hierarchy import Hierarchy, Role
@@ -33,7 +33,7 @@ from .worker import State, Worker
 __all__ = ["StationCore", "TIMELINE_BIN"]
 
 #: Seconds per bin of the servers' timeline in the run report.
-TIMELINE_BIN = 0.1
+TIMELINE_BIN: Final = 0.1
 
 
 class StationCore:

@@ -11,6 +11,7 @@ and the deputy watches the master's heartbeat.
 
 from __future__ import annotations
 
+from typing import Final
 from collections import deque
 from dataclasses import replace
 
@@ -29,12 +30,12 @@ from .worker import State
 __all__ = ["Failures", "MIRROR_AGE", "MIRROR_BATCH", "RESERVE_SHARE"]
 
 #: The master copies its commits to the deputy at least this often (s) ...
-MIRROR_AGE = 0.005
+MIRROR_AGE: Final = 0.005
 #: ... or once this many ids are waiting (a master that dies loses at most these commits).
-MIRROR_BATCH = 256
+MIRROR_BATCH: Final = 256
 #: The master's mark (no id above it handed out yet, see :meth:`Failures._move_mark`) moves
 #: this share of the job's ids ahead of what it published.
-RESERVE_SHARE = 1 / 64
+RESERVE_SHARE: Final = 1 / 64
 
 
 def _record(rank: int, old: Hierarchy, held: int, how: str, by: int, wall: float) -> FailureRecord:

@@ -17,7 +17,7 @@ Pure Python: threads, locks and MPI belong to the port's owner.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Final, Protocol
 
 from ..ranges import Ranges
 from .events import (
@@ -32,9 +32,9 @@ from .station import Station
 __all__ = ["Port", "Loop", "WATCH_PERIOD"]
 
 #: Seconds between two looks at whether watched processes still exist.
-WATCH_PERIOD = 0.05
+WATCH_PERIOD: Final = 0.05
 
-_NEED = NeedIds()  # (frozen: one instance serves every plain request)
+_NEED: Final = NeedIds()  # (frozen: one instance serves every plain request)
 
 
 class Port(Protocol):

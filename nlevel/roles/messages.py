@@ -1,4 +1,4 @@
-"""The wire messages between ranks: one frozen, slotted dataclass per kind, whose class carries its tag.
+"""The wire messages between ranks: one frozen, slotted dataclass per kind, and its MPI tag (:data:`TAGS`).
 
 Ids are not granted by message: a child takes them from its parent's board with
 one-sided atomics (:mod:`nlevel.roles.board`). Messages carry what flows the other
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from enum import IntEnum
-from typing import Any, ClassVar, Union
+from typing import Any, Union
 
 from ..model.plan import Plan
 from ..ranges import Ranges
@@ -39,7 +39,7 @@ from ..ranges import Ranges
 __all__ = [
     "Tag", "Result", "TaskFailure", "FailureRecord",
     "Report", "Regroup", "Ack", "Holding", "Mirror", "Drain", "KillRequest", "BoardOp", "BoardReply",
-    "Gone", "Heartbeat", "TimedOut", "Ending", "Release", "Message", "MESSAGES", "encode", "decode",
+    "Gone", "Heartbeat", "TimedOut", "Ending", "Release", "Message", "MESSAGES", "TAGS", "encode", "decode",
 ]
 
 #: A task's result: one number, or a fixed number of them (the app's result fields).
@@ -141,7 +141,6 @@ class Report:
     """Child to parent: completions, results, ids given back, failures; ``leaving``: nothing more comes;
     ``ending``: the sender's :class:`Ending`, when its last report and its Ending go together."""
 
-    tag: ClassVar[Tag] = Tag.REPORT
     done: Ranges = ()
     results: tuple[tuple[int, Result], ...] = ()
     returned: Ranges = ()
@@ -161,7 +160,6 @@ class Report:
 class Regroup:
     """Master to every rank: switch to ``plan`` as epoch ``epoch``."""
 
-    tag: ClassVar[Tag] = Tag.REGROUP
     epoch: int
     plan: Plan
 
@@ -170,7 +168,6 @@ class Regroup:
 class Ack:
     """Child to its parent of epoch ``epoch - 1``: switched; nothing more comes under the old plan."""
 
-    tag: ClassVar[Tag] = Tag.ACK
     epoch: int
 
 
@@ -178,7 +175,6 @@ class Ack:
 class Holding:
     """A survivor whose parent died, to its reconciler and its new parent: the ids its subtree holds."""
 
-    tag: ClassVar[Tag] = Tag.HOLDING
     held: Ranges = ()
     failed: tuple[int, ...] = ()  # the dead ranks the sender knows of (the receiver waits until it does too)
     ask: bool = False  # a reconciler asks: "tell me what you hold" (the answer is a Holding)
@@ -192,7 +188,6 @@ class Holding:
 class Mirror:
     """Master to deputy: commits to copy (``full``: the whole ledger, replacing the copy); empty: a heartbeat."""
 
-    tag: ClassVar[Tag] = Tag.MIRROR
     done: Ranges = ()
     results: tuple[tuple[int, Result], ...] = ()
     total: int = 0
@@ -210,7 +205,6 @@ class Mirror:
 class Drain:
     """Master to a rank: finish the current task, give back the rest, and leave the job."""
 
-    tag: ClassVar[Tag] = Tag.DRAIN
     why: str = "drained by the operator"
 
 
@@ -218,7 +212,6 @@ class Drain:
 class KillRequest:
     """To a rank on ``rank``'s host: kill it (a hung process), so MPI reports it dead."""
 
-    tag: ClassVar[Tag] = Tag.KILL
     rank: int
     why: str = ""
 
@@ -231,7 +224,6 @@ class BoardOp:
     expected, ``b``: new).
     """
 
-    tag: ClassVar[Tag] = Tag.BOARD_OP
     kind: int
     op: str
     index: int
@@ -243,7 +235,6 @@ class BoardOp:
 class BoardReply:
     """The result of a :class:`BoardOp`."""
 
-    tag: ClassVar[Tag] = Tag.BOARD_REPLY
     values: tuple[int, ...]
 
 
@@ -251,7 +242,6 @@ class BoardReply:
 class Gone:
     """Ranks found dead by the sender (how: e.g. "exited"), which MPI will never report: to every live rank."""
 
-    tag: ClassVar[Tag] = Tag.GONE
     ranks: tuple[int, ...]
     how: str = "exited"
 
@@ -260,7 +250,6 @@ class Gone:
 class Heartbeat:
     """Master to a watcher: still alive (the deputy gets :class:`Mirror` heartbeats instead)."""
 
-    tag: ClassVar[Tag] = Tag.HEARTBEAT
     epoch: int = 0  # the sender's plan epoch (informational)
 
 
@@ -268,7 +257,6 @@ class Heartbeat:
 class TimedOut:
     """Ids ``ids`` held by rank ``rank`` ran past ``--task-timeout`` (``seconds``): count them toward quarantine."""
 
-    tag: ClassVar[Tag] = Tag.TIMED_OUT
     rank: int
     ids: Ranges
     seconds: float
@@ -283,7 +271,6 @@ class Ending:
     (see :func:`nlevel.roles.ending.merge_stats`). A later Ending from the same rank replaces it.
     """
 
-    tag: ClassVar[Tag] = Tag.ENDING
     rows: tuple[dict[str, Any], ...]
     stats: dict[str, Any]
 
@@ -295,7 +282,6 @@ class Release:
     only, before anyone is released (a master dying while it releases leaves the report behind);
     ``pending``: the deputy is told, not yet released."""
 
-    tag: ClassVar[Tag] = Tag.RELEASE
     code: int
     failed: tuple[int, ...] = ()
     report: dict[str, Any] | None = None
@@ -305,16 +291,34 @@ class Release:
 Message = Union[Report, Regroup, Ack, Holding, Mirror, Drain, KillRequest, BoardOp, BoardReply, Gone, Heartbeat,
                 TimedOut, Ending, Release]
 
+#: Each wire message class and its MPI tag. (A table, not a class attribute: the simulator's
+#: compiled build makes these classes native, and mypyc takes a class-level default for a field.)
+TAGS: dict[type, Tag] = {
+    Report: Tag.REPORT,
+    Regroup: Tag.REGROUP,
+    Ack: Tag.ACK,
+    Holding: Tag.HOLDING,
+    Mirror: Tag.MIRROR,
+    Drain: Tag.DRAIN,
+    KillRequest: Tag.KILL,
+    BoardOp: Tag.BOARD_OP,
+    BoardReply: Tag.BOARD_REPLY,
+    Gone: Tag.GONE,
+    Heartbeat: Tag.HEARTBEAT,
+    TimedOut: Tag.TIMED_OUT,
+    Ending: Tag.ENDING,
+    Release: Tag.RELEASE,
+}
+
 #: Every wire message class.
-MESSAGES: tuple[type, ...] = (Report, Regroup, Ack, Holding, Mirror, Drain, KillRequest, BoardOp, BoardReply, Gone,
-                              Heartbeat, TimedOut, Ending, Release)
-_BY_TAG: dict[int, Any] = {int(cls.tag): cls for cls in MESSAGES}  # type: ignore[attr-defined]
+MESSAGES: tuple[type, ...] = tuple(TAGS)
+_BY_TAG: dict[int, Any] = {int(tag): cls for cls, tag in TAGS.items()}
 _FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in MESSAGES}
 
 
 def encode(msg: Message) -> tuple[int, tuple[Any, ...]]:
     """Return ``(tag, payload)`` for sending ``msg``."""
-    return int(msg.tag), tuple(getattr(msg, name) for name in _FIELDS[type(msg)])
+    return int(TAGS[type(msg)]), tuple(getattr(msg, name) for name in _FIELDS[type(msg)])
 
 
 def decode(tag: int, payload: tuple[Any, ...]) -> Message:

@@ -26,7 +26,7 @@ kinds of server.
 from __future__ import annotations
 
 import math
-from typing import Callable, Protocol
+from typing import Callable, Final, Protocol
 
 from ..model.cost import CHUNK_TARGET, HORIZON, auto_ids
 from ..model.hierarchy import Hierarchy
@@ -39,15 +39,17 @@ from .suspects import among, isolate
 __all__ = ["LEAF", "UPPER", "Boards", "Child", "Server", "Sizing"]
 
 #: Board kinds: claimed by ranks that compute, and by region-masters.
-LEAF, UPPER = 0, 1
+LEAF: Final = 0
+UPPER: Final = 1
 
 #: A fetched ticket not swapped after this long (s) is taken back: its claimer died between its
 #: two atomic operations, or gave the ticket up (a live one swaps within microseconds).
-LIMBO_GRACE = 0.05
+LIMBO_GRACE: Final = 0.05
 
 #: A block holds, once task times are known, at least the least of: ``BLOCK_FLOOR`` ids, an id per
 #: four ranks of the child, what they run in ``BLOCK_SPAN`` seconds (see :meth:`Server.block`).
-BLOCK_FLOOR, BLOCK_SPAN = 8, 1.0
+BLOCK_FLOOR: Final = 8
+BLOCK_SPAN: Final = 1.0
 
 
 class Boards(Protocol):
@@ -372,7 +374,7 @@ class Server:
         base = s.chunk or (auto_ids(self.task_mean, s.chunk_target, s.max_chunk, s.ids_per_proc)
                            if self._tasks_seen else 1)
         share = math.ceil(available / (2 * max(1, self.total_weight)))
-        return max(1, min(base, share, MAX_LEN))
+        return max(1, min(min(base, share), MAX_LEN))  # (two-argument min and max compile to plain code)
 
     def block(self, available: int, weight: int) -> int:
         """Ids per upper range (a region-master's refill) for a child of ``weight``.
@@ -391,12 +393,12 @@ class Server:
         s = self.sizing
         chunk = self.leaf_chunk(available)
         if self._tasks_seen and self.task_mean > 0:
-            want = max(chunk, math.ceil(weight * s.horizon / (2 * self.task_mean)),
-                       min(BLOCK_FLOOR, math.ceil(weight / 4), math.ceil(weight * BLOCK_SPAN / self.task_mean)))
+            want = max(max(chunk, math.ceil(weight * s.horizon / (2 * self.task_mean))),
+                       min(min(BLOCK_FLOOR, math.ceil(weight / 4)), math.ceil(weight * BLOCK_SPAN / self.task_mean)))
         else:
             want = chunk * weight
         share = math.ceil(available * weight / (2 * max(1, self.total_weight)))
-        return max(1, min(want, share, MAX_LEN))
+        return max(1, min(min(want, share), MAX_LEN))
 
     def publish(self, now: float) -> None:
         """Keep each board stocked from the queue (a few ticks' consumption, at least a range per claimer).

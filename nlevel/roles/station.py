@@ -14,6 +14,7 @@ servers' and the runtime's: messages, ticks, deaths, the operator's requests.
 
 from __future__ import annotations
 
+from typing import Final
 from dataclasses import replace
 
 from ..ranges import RangeSet
@@ -36,7 +37,7 @@ from .worker import State
 __all__ = ["Station"]
 
 #: Claims one ``NeedIds`` makes before it reports "wait" (a claim that loses a race claims again).
-_ATTEMPTS = 8
+_ATTEMPTS: Final = 8
 
 
 class Station(Replanning, Closing, Watching):

@@ -44,10 +44,14 @@ __all__ = ["COMPILED", "BuildUnavailable", "cache_root", "digest", "build", "com
 #: Modules compiled (paths under the package): where the simulator spends its time.
 COMPILED = (
     # (roles/messages.py stays interpreted: mypyc turns the class-level tag of its frozen dataclasses into a field)
+    "roles/messages.py",
     "roles/events.py",
     "ranges.py",
     "stats.py",
     "model/hierarchy.py",
+    "model/plan.py",
+    "model/queueing.py",
+    "model/cost.py",
     "roles/board.py",
     "roles/worker.py",
     "roles/child.py",

@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Final, Sequence
 
 import numpy as np
 
@@ -46,7 +46,14 @@ from .waiters import Waiters
 
 __all__ = ["Costs", "SimBoards", "EngineResult", "Engine", "SimStalled"]
 
-_ENTRY, _ARRIVE, _HANDLE, _TICK = 0, 1, 2, 3
+_ENTRY: Final = 0
+_ARRIVE: Final = 1
+_HANDLE: Final = 2
+_TICK: Final = 3
+
+# (Final: the compiled build calls them without looking the module's attribute up each time)
+_heappush: Final = heapq.heappush
+_heappop: Final = heapq.heappop
 
 
 @dataclass(frozen=True)
@@ -107,13 +114,14 @@ class SimBoards:
 
     def __init__(self, slots: tuple[int, int]) -> None:
         self._slots = slots
-        self._mem: dict[tuple[int, int], _Counting] = {}
+        self._mem: tuple[dict[int, _Counting], dict[int, _Counting]] = ({}, {})  # [kind][rank]
         self.sink = [0]
 
     def __call__(self, rank: int, kind: int) -> _Counting:
-        mem = self._mem.get((rank, kind))
+        mems = self._mem[kind]
+        mem = mems.get(rank)
         if mem is None:
-            mem = self._mem[(rank, kind)] = _Counting(self._slots[kind], self.sink)
+            mem = mems[rank] = _Counting(self._slots[kind], self.sink)
         return mem
 
     def slots(self, kind: int) -> int:
@@ -269,7 +277,7 @@ class Engine:
         n = self.size
         stations, loops, boards = self.stations, self.loops, self.boards
         sink = boards.sink
-        cum = self.cum
+        cum: list[float] = self.cum.tolist()  # (a list: one float per read, not a numpy scalar)
         outbox = self.outbox
         heap: list[tuple[float, int, int, int, Any]] = []
         seq = 0
@@ -286,8 +294,8 @@ class Engine:
         last_done = [0.0] * n  # when each rank's last task ended
         # (owner, board kind) -> {waiter: ticket it waits for (-1: none, it waits for a change)};
         # a waiter is a worker's rank, or -1-rank for a region-master waiting to refill.
-        waiting: dict[tuple[int, int], Waiters] = {}
-        watched: dict[tuple[int, int], tuple[int, int]] = {}  # (owner, kind) -> (flags, epoch) at the last look
+        waiting: list[list[Waiters | None]] = [[None] * n, [None] * n]  # [kind][owner]
+        watched: list[list[tuple[int, int] | None]] = [[None] * n, [None] * n]  # [kind][owner]: (flags, epoch) at the last look
         ended = [False] * n
         events = 0
         busy = 0.0
@@ -301,7 +309,7 @@ class Engine:
         def push(t: float, kind: int, r: int, payload: Any = None) -> None:
             nonlocal seq
             seq += 1
-            heapq.heappush(heap, (t, seq, kind, r, payload))
+            _heappush(heap, (t, seq, kind, r, payload))
 
         def schedule_tick(r: int, t: float) -> None:
             if t < tick_at[r]:
@@ -323,6 +331,12 @@ class Engine:
                     push(arrive, _ARRIVE, dest, (src, msg))
             outbox.clear()
 
+        def waiters_of(owner: int, kind: int) -> Waiters:
+            ws = waiting[kind][owner]
+            if ws is None:
+                ws = waiting[kind][owner] = Waiters()
+            return ws
+
         def wake(w: int, t: float) -> None:
             if w >= 0:
                 push(t + c.poll, _ENTRY, w)
@@ -334,7 +348,7 @@ class Engine:
             was published, or a flag or the epoch changed (a claimer without a ticket waits for that)."""
             d = stations[r].server
             for kind in (0, 1):
-                ws = waiting.get((r, kind))
+                ws = waiting[kind][r]
                 if not ws:
                     continue
                 o = d.owners.get(kind) if d is not None else None
@@ -344,8 +358,8 @@ class Engine:
                     ws.clear()
                     continue
                 state = (o.flags, o.epoch)
-                changed = watched.get((r, kind)) != state
-                watched[(r, kind)] = state
+                changed = watched[kind][r] != state
+                watched[kind][r] = state
                 if changed:
                     for w in ws:
                         wake(w, t)
@@ -367,7 +381,7 @@ class Engine:
                 if not d.parent_final:
                     tk = d.claimer.ticket
                     if tk >= 0:  # waiting for its parent to publish that ticket
-                        waiting.setdefault((d.parent, 1), Waiters()).add(-1 - r, tk)
+                        waiters_of(d.parent, 1).add(-1 - r, tk)
                         seen = ticket_since.get(r)
                         if seen is None or seen[0] != tk:
                             seen = ticket_since[r] = (tk, t)
@@ -419,7 +433,7 @@ class Engine:
                 schedule_tick(r, 0.0)
 
         while heap:
-            t, _, kind, r, payload = heapq.heappop(heap)
+            t, _, kind, r, payload = _heappop(heap)
             if dead[r]:
                 continue  # (what was on its way to a dead rank, or its own next step)
             self.t = t
@@ -438,7 +452,7 @@ class Engine:
                 h = hand[r]
                 if payload == "done" and h is not None:
                     a, b = h
-                    dur = float(cum[b] - cum[a])
+                    dur = cum[b] - cum[a]
                     busy += dur
                     tasks_run += b - a
                     loop.handle(Ran(((a, b),), (), (), b - a, dur, dur / (b - a)))
@@ -464,7 +478,7 @@ class Engine:
                     rt.add_parts(t + cost - asked[r], cost)
                     asked[r] = -1.0
                     a, b = h
-                    push(t + cost + float(cum[b] - cum[a]), _ENTRY, r, "done")
+                    push(t + cost + (cum[b] - cum[a]), _ENTRY, r, "done")
                 elif st.ended:
                     ended[r] = True
                     makespan = max(makespan, t + cost)
@@ -472,7 +486,7 @@ class Engine:
                         left.append((t + cost, r))
                 else:
                     owner = w.parent
-                    waiting.setdefault((owner, 0), Waiters()).add(r, w.claimer.ticket)
+                    waiters_of(owner, 0).add(r, w.claimer.ticket)
                     if (stations[owner].server is not None and not stations[owner].done_serving
                             and last_tick[owner] < asked[r]):
                         # (the owner notices a waiter on its next look; it need not look again

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from typing import Any, Final
 
 __all__ = ["Waiters"]
+
+_heappush: Final = heapq.heappush  # (Final: the compiled build looks it up once)
+_heappop: Final = heapq.heappop
 
 
 class Waiters:
@@ -43,7 +46,7 @@ class Waiters:
         self.order += 1
         if ticket >= 0:
             self.free.pop(w, None)
-            heapq.heappush(self.heap, (ticket, self.order, w))
+            _heappush(self.heap, (ticket, self.order, w))
         else:
             self.free[w] = self.order
 
@@ -53,7 +56,7 @@ class Waiters:
         go: list[tuple[int, int]] = []
         heap, tickets = self.heap, self.tickets
         while heap and heap[0][0] < tail:
-            tk, k, w = heapq.heappop(heap)
+            tk, k, w = _heappop(heap)
             if tickets.get(w) == tk:
                 del tickets[w]
                 go.append((k, w))
