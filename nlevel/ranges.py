@@ -17,6 +17,32 @@ __all__ = ["Ranges", "RangeSet"]
 bisect_left: Final = bisect.bisect_left
 bisect_right: Final = bisect.bisect_right
 
+#: Lists this short are searched one item at a time: most sets hold a range or two (what a
+#: child holds), and in the compiled simulator a call to :mod:`bisect` cost more than that.
+_SHORT: Final = 16
+
+
+def _after(xs: list[int], x: int) -> int:
+    """``bisect_right(xs, x)``."""
+    n = len(xs)
+    if n > _SHORT:
+        return bisect_right(xs, x)
+    k = 0
+    while k < n and xs[k] <= x:
+        k += 1
+    return k
+
+
+def _before(xs: list[int], x: int) -> int:
+    """``bisect_left(xs, x)``."""
+    n = len(xs)
+    if n > _SHORT:
+        return bisect_left(xs, x)
+    k = 0
+    while k < n and xs[k] < x:
+        k += 1
+    return k
+
 #: Wire form of an id collection: sorted, disjoint ``(start, stop)`` pairs.
 Ranges = tuple[tuple[int, int], ...]
 
@@ -113,7 +139,7 @@ class RangeSet:
         # hi the first whose start > stop. One search on a large set (the master's ledger has a
         # range per hole left by tasks still running), then the neighbours.
         n = len(starts)
-        k = bisect_right(starts, start)  # ranges [0, k) start at or before `start`
+        k = _after(starts, start)  # ranges [0, k) start at or before `start`
         if k and stops[k - 1] >= start:
             if stops[k - 1] >= stop:
                 return 0  # already there
@@ -166,8 +192,8 @@ class RangeSet:
         if stop <= start or not self._starts:
             return 0
         starts, stops = self._starts, self._stops
-        lo = bisect_right(stops, start)  # first range with stop > start
-        hi = bisect_left(starts, stop)  # ranges [lo, hi) overlap [start, stop)
+        lo = _after(stops, start)  # first range with stop > start
+        hi = _before(starts, stop)  # ranges [lo, hi) overlap [start, stop)
         if lo >= hi:
             return 0
         if hi - lo == 1:
@@ -339,8 +365,8 @@ class RangeSet:
     def overlap(self, start: int, stop: int) -> int:
         """Return how many ids of ``[start, stop)`` are in the set."""
         starts, stops = self._starts, self._stops
-        lo = bisect_right(stops, start)
-        hi = bisect_left(starts, stop)
+        lo = _after(stops, start)
+        hi = _before(starts, stop)
         n = 0
         for k in range(lo, hi):  # (a loop, not sum() of a generator: a server asks this per report)
             a, b = starts[k], stops[k]

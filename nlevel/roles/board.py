@@ -58,7 +58,7 @@ import numpy as np
 __all__ = [
     "HEAD", "TAIL", "HEADER", "FINAL", "CLOSED", "DRAINED", "EMPTY", "LEN_BITS", "MAX_ID", "MAX_LEN", "TICKET_BITS",
     "marker", "pack", "unpack", "words",
-    "Memory", "LocalMemory", "Claim", "Claimer", "Owner",
+    "Memory", "Boards", "LocalMemory", "Claim", "Claimer", "Owner",
 ]
 
 HEAD: Final = 0
@@ -118,6 +118,16 @@ class Memory(Protocol):
 
     def cas(self, index: int, expected: int, new: int) -> int:
         """Compare-and-swap word ``index``; return its value before."""
+
+
+class Boards(Protocol):
+    """Where the boards are: the memory of rank ``rank``'s board ``kind`` (an MPI window, or local)."""
+
+    def __call__(self, rank: int, kind: int) -> Memory: ...
+
+    def slots(self, kind: int) -> int:
+        """Ring size of boards of ``kind``."""
+        ...
 
 
 class LocalMemory:

@@ -132,9 +132,8 @@ class Ledger:
                     fresh_results.append((i, v))
         new = 0
         asked = 0
-        add = committed.add
         for a, b in done:
-            new += add(a, b)
+            new += committed.add(a, b)
             asked += b - a
             if self.failed:
                 for tid in [t for t in self.failed if a <= t < b]:

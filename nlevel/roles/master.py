@@ -64,7 +64,7 @@ class Master(Server):
         if not self.stopped:
             self.stopped = True
             for kind, owner in self.owners.items():
-                owner.take_back_unclaimed(self.boards(self.rank, kind))
+                owner.take_back_unclaimed(self.mine(kind))
                 self._settle_owner(owner, kind, now)
             self.aside.add_ranges(self.queue.ranges())
             self.queue = RangeSet()

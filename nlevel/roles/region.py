@@ -181,7 +181,7 @@ class Region(Server):
         if keep is None or self.parent_final or self.gone or self.stock() <= keep:
             return
         for kind, owner in self.owners.items():
-            owner.take_back_unclaimed(self.boards(self.rank, kind), lower=True)  # (no hole for its own claims)
+            owner.take_back_unclaimed(self.mine(kind), lower=True)  # (no hole for its own claims)
             self._settle_owner(owner, kind, now)
         if len(self.queue) > keep:
             kept = RangeSet(self.queue.take(keep))

@@ -26,12 +26,12 @@ kinds of server.
 from __future__ import annotations
 
 import math
-from typing import Callable, Final, Protocol
+from typing import Callable, Final
 
 from ..model.cost import CHUNK_TARGET, HORIZON, auto_ids
 from ..model.hierarchy import Hierarchy
 from ..ranges import RangeSet, Ranges
-from .board import MAX_LEN, Memory, Owner
+from .board import MAX_LEN, Boards, Memory, Owner
 from .messages import Report, Result, TaskFailure
 from .child import Child
 from .suspects import among, isolate
@@ -50,16 +50,6 @@ LIMBO_GRACE: Final = 0.05
 #: four ranks of the child, what they run in ``BLOCK_SPAN`` seconds (see :meth:`Server.block`).
 BLOCK_FLOOR: Final = 8
 BLOCK_SPAN: Final = 1.0
-
-
-class Boards(Protocol):
-    """Where the boards are: the memory of rank ``rank``'s board ``kind`` (an MPI window, or local)."""
-
-    def __call__(self, rank: int, kind: int) -> Memory: ...
-
-    def slots(self, kind: int) -> int:
-        """Ring size of boards of ``kind``."""
-        ...
 
 
 class Sizing:
@@ -107,6 +97,7 @@ class Server:
         self.rank = rank
         self.clock = clock
         self.boards = boards
+        self._mine: dict[int, Memory] = {}  # kind -> this rank's own board (see mine)
         self.sizing = sizing
         self.epoch = epoch
         self.queue = RangeSet()
@@ -160,7 +151,7 @@ class Server:
             self._size_blocks()
         if kind not in self.owners:
             owner = self.owners[kind] = Owner(self.boards.slots(kind))
-            owner.start(self.boards(self.rank, kind), self.epoch)
+            owner.start(self.mine(kind), self.epoch)
         return child
 
     def drop_child(self, rank: int) -> RangeSet:
@@ -320,10 +311,17 @@ class Server:
         return late
 
     # -- the boards -----------------------------------------------------------------------
+    def mine(self, kind: int) -> Memory:
+        """This rank's own board of ``kind`` (asked of :attr:`boards` once: a rank's memory stays put)."""
+        mem = self._mine.get(kind)
+        if mem is None:
+            mem = self._mine[kind] = self.boards(self.rank, kind)
+        return mem
+
     def scan(self, now: float, full: bool = False) -> None:
         """Attribute what children took from the boards; take back limbo past its grace (see :meth:`Owner.scan`)."""
         for kind, owner in self.owners.items():
-            mem = self.boards(self.rank, kind)
+            mem = self.mine(kind)
             owner.scan(mem, now, full)
             owner.reclaim(mem, now - LIMBO_GRACE)
             self._settle_owner(owner, kind, now)
@@ -412,7 +410,7 @@ class Server:
         if self.drains:
             for kind, o in self.owners.items():
                 if not o.ended:
-                    o.set_drained(self.boards(self.rank, kind), not queue)
+                    o.set_drained(self.mine(kind), not queue)
         if not queue:
             return
         available = self.gss_pool()
@@ -461,7 +459,7 @@ class Server:
             if ranges:
                 if ranges[-1][1] > self.high:
                     self.high = ranges[-1][1]
-                owner.publish(self.boards(self.rank, kind), list(ranges))
+                owner.publish(self.mine(kind), list(ranges))
 
     def count_timeouts(self, timeouts: dict[int, int]) -> None:
         """Count the ``--task-timeout`` give-ups of earlier runs (id -> times): as timeouts, as
@@ -490,13 +488,13 @@ class Server:
             if owner.ended or not owner.unclaimed_slots:
                 continue
             if not live[kind] or (starving and not owner.waiting):
-                owner.take_back_unclaimed(self.boards(self.rank, kind))
+                owner.take_back_unclaimed(self.mine(kind))
                 self._settle_owner(owner, kind, now)
 
     def close_boards(self, flags: int, now: float) -> None:
         """Raise ``flags`` on every board and take back what is still published (see :meth:`Owner.close`)."""
         for kind, owner in self.owners.items():
-            owner.close(self.boards(self.rank, kind), flags, now)
+            owner.close(self.mine(kind), flags, now)
             self._settle_owner(owner, kind, now)
 
     # -- reports -------------------------------------------------------------------------------

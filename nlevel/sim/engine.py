@@ -216,6 +216,144 @@ class EngineResult:
     last_done: list[float] = field(default_factory=list)
 
 
+class _Agenda:
+    """The engine's pending events, and what the servers' CPUs and the boards' memories are booked
+    for: the engine's most frequent steps, as methods (compiled, a method is called directly, a
+    closure through Python's calling convention)."""
+
+    def __init__(self, n: int, costs: Costs, stations: list[Station], outbox: list[tuple[int, Message]]) -> None:
+        self.heap: list[tuple[float, int, int, int, Any]] = []
+        self.seq = 0
+        self.c = costs
+        self.stations = stations
+        self.outbox = outbox
+        self.busy_until = [0.0] * n  # a server's CPU (its thread)
+        self.server_busy = [0.0] * n
+        self.nic_until = [0.0] * n  # a board owner's memory, for one-sided operations
+        self.tick_at = [math.inf] * n  # the pending tick of each server
+        self.last_tick = [-math.inf] * n  # when each server last looked at its boards
+        # [board kind][owner] -> {waiter: ticket it waits for (-1: none, it waits for a change)};
+        # a waiter is a worker's rank, or -1-rank for a region-master waiting to refill.
+        self.waiting: list[list[Waiters | None]] = [[None] * n, [None] * n]
+        self.watched: list[list[tuple[int, int] | None]] = [[None] * n, [None] * n]  # (flags, epoch) at the last look
+        self.ticket_since: dict[int, tuple[int, float]] = {}  # region-master -> (its ticket above, since when)
+        self.faulty = False  # (kills or drains: limbo tickets can happen)
+
+    def push(self, t: float, kind: int, r: int, payload: Any = None) -> None:
+        self.seq += 1
+        _heappush(self.heap, (t, self.seq, kind, r, payload))
+
+    def schedule_tick(self, r: int, t: float) -> None:
+        if t < self.tick_at[r]:
+            self.tick_at[r] = t
+            self.push(t, _TICK, r)
+
+    def send_all(self, src: int, t: float) -> None:
+        """Send what the last step put in the outbox."""
+        # Messages arrive in the order they were sent (every one takes msg_time), so a
+        # server's handling slot can be booked now: first come, first served.
+        c = self.c
+        stations, busy_until = self.stations, self.busy_until
+        arrive = t + c.msg_time
+        for dest, msg in self.outbox:
+            if stations[dest].server is not None or stations[dest].draining:
+                start = busy_until[dest] if busy_until[dest] > arrive else arrive
+                end = start + c.service_time
+                busy_until[dest] = end
+                self.server_busy[dest] += c.service_time
+                self.push(end, _HANDLE, dest, (src, msg))
+            else:
+                self.push(arrive, _ARRIVE, dest, (src, msg))
+        self.outbox.clear()
+
+    def waiters_of(self, owner: int, kind: int) -> Waiters:
+        """Who waits on ``owner``'s board ``kind``."""
+        ws = self.waiting[kind][owner]
+        if ws is None:
+            ws = self.waiting[kind][owner] = Waiters()
+        return ws
+
+    def wake(self, w: int, t: float) -> None:
+        """Waiter ``w`` looks at its board again (a worker's rank, or -1-rank: a region-master)."""
+        if w >= 0:
+            self.push(t + self.c.poll, _ENTRY, w)
+        else:
+            self.schedule_tick(-1 - w, t + self.c.poll)
+
+    def wake_waiters(self, r: int, t: float) -> None:
+        """Wake the claimers waiting on ``r``'s boards for whom something changed: their ticket
+        was published, or a flag or the epoch changed (a claimer without a ticket waits for that)."""
+        d = self.stations[r].server
+        for kind in (0, 1):
+            ws = self.waiting[kind][r]
+            if not ws:
+                continue
+            o = d.owners.get(kind) if d is not None else None
+            if o is None:  # (no board of that kind any more: everyone looks again)
+                for w in ws:
+                    self.wake(w, t)
+                ws.clear()
+                continue
+            state = (o.flags, o.epoch)
+            changed = self.watched[kind][r] != state
+            self.watched[kind][r] = state
+            if changed:
+                for w in ws:
+                    self.wake(w, t)
+                ws.clear()
+                continue
+            for w in ws.ready(o.tail, o.unclaimed_slots > 0):
+                self.wake(w, t)
+
+    def after_server(self, r: int, t: float) -> None:
+        """A server handled something at ``t``: wake who waits on its boards; plan its next tick."""
+        st = self.stations[r]
+        self.wake_waiters(r, t)
+        d = st.server
+        if d is None:
+            return
+        need = math.inf
+        if isinstance(d, Region):
+            need = d.flush_at()
+            if not d.parent_final:
+                tk = d.claimer.ticket
+                if tk >= 0:  # waiting for its parent to publish that ticket
+                    self.waiters_of(d.parent, 1).add(-1 - r, tk)
+                    seen = self.ticket_since.get(r)
+                    if seen is None or seen[0] != tk:
+                        seen = self.ticket_since[r] = (tk, t)
+                    p = self.stations[d.parent].server
+                    upper = p.owners.get(1) if p is not None else None
+                    if upper is not None and upper.tail <= tk and self.last_tick[d.parent] < seen[1]:
+                        # (the parent notices a waiter on its next look; one look is enough)
+                        self.schedule_tick(d.parent, t + self.c.detect)
+                elif d.stock() < d.target():
+                    need = min(need, t + self.c.detect)  # (its own next tick refills)
+        planner = st.planner
+        if planner is not None:
+            need = min(need, planner.next_check(t))
+        if st.free:
+            need = min(need, t + self.c.detect)  # a new master's free ids go out on its next tick
+        if d.queue and any(o.waiting for o in d.owners.values()):
+            need = min(need, t + self.c.detect)  # claimers wait and there is something to publish
+        if self.faulty and any(o.limbo for o in d.owners.values()):
+            need = min(need, t + LIMBO_GRACE + self.c.detect)  # (a dead claimer's ticket: taken back after the grace)
+        if need < math.inf and not st.done_serving:
+            self.schedule_tick(r, max(need, t))
+
+    def charge(self, r: int, t: float, target: int, ops: int) -> float:
+        """Seconds ``ops`` one-sided operations of rank ``r`` on ``target``'s board take from ``t``."""
+        if ops <= 0:
+            return 0.0
+        c = self.c
+        if target == r:
+            return ops * c.atomic_service  # its own memory
+        nic_until = self.nic_until
+        start = nic_until[target] if nic_until[target] > t else t
+        nic_until[target] = start + ops * c.atomic_service
+        return (start - t) + ops * c.atomic_time
+
+
 class Engine:
     """A timed run of every rank's loop.
 
@@ -279,158 +417,44 @@ class Engine:
         sink = boards.sink
         cum: list[float] = self.cum.tolist()  # (a list: one float per read, not a numpy scalar)
         outbox = self.outbox
-        heap: list[tuple[float, int, int, int, Any]] = []
-        seq = 0
-        busy_until = [0.0] * n  # a server's CPU (its thread)
-        nic_until = [0.0] * n  # a board owner's memory, for one-sided operations
+        ag = _Agenda(n, c, stations, outbox)
+        heap = ag.heap
+        busy_until = ag.busy_until
         last_served = [-math.inf] * n
-        tick_at = [math.inf] * n  # the pending tick of each server
-        last_tick = [-math.inf] * n  # when each server last looked at its boards
-        faulty = bool(self.kills or self.drains)
-        ticket_since: dict[int, tuple[int, float]] = {}  # region-master -> (its ticket above, since when)
+        tick_at = ag.tick_at
+        faulty = ag.faulty = bool(self.kills or self.drains)
+        last_tick = ag.last_tick
         inbox: list[list[tuple[int, Message]]] = [[] for _ in range(n)]
         hand: list[tuple[int, int] | None] = [None] * n
         started = [0.0] * n
         last_done = [0.0] * n  # when each rank's last task ended
-        # (owner, board kind) -> {waiter: ticket it waits for (-1: none, it waits for a change)};
-        # a waiter is a worker's rank, or -1-rank for a region-master waiting to refill.
-        waiting: list[list[Waiters | None]] = [[None] * n, [None] * n]  # [kind][owner]
-        watched: list[list[tuple[int, int] | None]] = [[None] * n, [None] * n]  # [kind][owner]: (flags, epoch) at the last look
         ended = [False] * n
         events = 0
         busy = 0.0
         tasks_run = 0
         makespan = 0.0
         handled: dict[int, list[float]] = {}
-        server_busy = [0.0] * n
+        server_busy = ag.server_busy
         asked = [0.0] * n  # when each worker started needing its next range
         requests: dict[int, RequestTimes] = {}
-
-        def push(t: float, kind: int, r: int, payload: Any = None) -> None:
-            nonlocal seq
-            seq += 1
-            _heappush(heap, (t, seq, kind, r, payload))
-
-        def schedule_tick(r: int, t: float) -> None:
-            if t < tick_at[r]:
-                tick_at[r] = t
-                push(t, _TICK, r)
-
-        def send_all(src: int, t: float) -> None:
-            # Messages arrive in the order they were sent (every one takes msg_time), so a
-            # server's handling slot can be booked now: first come, first served.
-            arrive = t + c.msg_time
-            for dest, msg in outbox:
-                if stations[dest].server is not None or stations[dest].draining:
-                    start = busy_until[dest] if busy_until[dest] > arrive else arrive
-                    end = start + c.service_time
-                    busy_until[dest] = end
-                    server_busy[dest] += c.service_time
-                    push(end, _HANDLE, dest, (src, msg))
-                else:
-                    push(arrive, _ARRIVE, dest, (src, msg))
-            outbox.clear()
-
-        def waiters_of(owner: int, kind: int) -> Waiters:
-            ws = waiting[kind][owner]
-            if ws is None:
-                ws = waiting[kind][owner] = Waiters()
-            return ws
-
-        def wake(w: int, t: float) -> None:
-            if w >= 0:
-                push(t + c.poll, _ENTRY, w)
-            else:
-                schedule_tick(-1 - w, t + c.poll)
-
-        def wake_waiters(r: int, t: float) -> None:
-            """Wake the claimers waiting on ``r``'s boards for whom something changed: their ticket
-            was published, or a flag or the epoch changed (a claimer without a ticket waits for that)."""
-            d = stations[r].server
-            for kind in (0, 1):
-                ws = waiting[kind][r]
-                if not ws:
-                    continue
-                o = d.owners.get(kind) if d is not None else None
-                if o is None:  # (no board of that kind any more: everyone looks again)
-                    for w in ws:
-                        wake(w, t)
-                    ws.clear()
-                    continue
-                state = (o.flags, o.epoch)
-                changed = watched[kind][r] != state
-                watched[kind][r] = state
-                if changed:
-                    for w in ws:
-                        wake(w, t)
-                    ws.clear()
-                    continue
-                for w in ws.ready(o.tail, o.unclaimed_slots > 0):
-                    wake(w, t)
-
-        def after_server(r: int, t: float) -> None:
-            """A server handled something at ``t``: wake who waits on its boards; plan its next tick."""
-            st = stations[r]
-            wake_waiters(r, t)
-            d = st.server
-            if d is None:
-                return
-            need = math.inf
-            if isinstance(d, Region):
-                need = d.flush_at()
-                if not d.parent_final:
-                    tk = d.claimer.ticket
-                    if tk >= 0:  # waiting for its parent to publish that ticket
-                        waiters_of(d.parent, 1).add(-1 - r, tk)
-                        seen = ticket_since.get(r)
-                        if seen is None or seen[0] != tk:
-                            seen = ticket_since[r] = (tk, t)
-                        p = stations[d.parent].server
-                        upper = p.owners.get(1) if p is not None else None
-                        if upper is not None and upper.tail <= tk and last_tick[d.parent] < seen[1]:
-                            # (the parent notices a waiter on its next look; one look is enough)
-                            schedule_tick(d.parent, t + c.detect)
-                    elif d.stock() < d.target():
-                        need = min(need, t + c.detect)  # (its own next tick refills)
-            planner = st.planner
-            if planner is not None:
-                need = min(need, planner.next_check(t))
-            if st.free:
-                need = min(need, t + c.detect)  # a new master's free ids go out on its next tick
-            if d.queue and any(o.waiting for o in d.owners.values()):
-                need = min(need, t + c.detect)  # claimers wait and there is something to publish
-            if faulty and any(o.limbo for o in d.owners.values()):
-                need = min(need, t + LIMBO_GRACE + c.detect)  # (a dead claimer's ticket: taken back after the grace)
-            if need < math.inf and not st.done_serving:
-                schedule_tick(r, max(need, t))
-
-        def charge(r: int, t: float, target: int, ops: int) -> float:
-            """Seconds ``ops`` one-sided operations of rank ``r`` on ``target``'s board take from ``t``."""
-            if ops <= 0:
-                return 0.0
-            if target == r:
-                return ops * c.atomic_service  # its own memory
-            start = nic_until[target] if nic_until[target] > t else t
-            nic_until[target] = start + ops * c.atomic_service
-            return (start - t) + ops * c.atomic_time
 
         dead = [False] * n
         deaths: list[tuple[float, int]] = []
         left: list[tuple[float, int]] = []
-        fault = fault_handler(self, stations, loops, push, send_all, after_server, dead, ended, hand, busy_until,
+        fault = fault_handler(self, stations, loops, ag.push, ag.send_all, ag.after_server, dead, ended, hand, busy_until,
                               server_busy, deaths, inbox)
         for t0, r in self.kills:
-            push(t0, _KILL, r)
+            ag.push(t0, _KILL, r)
         for k, (t0, count) in enumerate(self.drains):
-            push(t0, _DRAIN, 0, (k, count))
+            ag.push(t0, _DRAIN, 0, (k, count))
 
         # Every worker starts by asking for ids; every server ticks once at the start.
         for r in range(n):
             if stations[r].worker is not None:
-                push(0.0, _ENTRY, r)
+                ag.push(0.0, _ENTRY, r)
                 asked[r] = 0.0
             if stations[r].server is not None:
-                schedule_tick(r, 0.0)
+                ag.schedule_tick(r, 0.0)
 
         while heap:
             t, _, kind, r, payload = _heappop(heap)
@@ -461,10 +485,10 @@ class Engine:
                 parent = w.parent
                 sink[0] = 0
                 loop.handle(NeedIds())
-                cost = charge(r, t, parent, sink[0])
-                send_all(r, t + cost)
+                cost = ag.charge(r, t, parent, sink[0])
+                ag.send_all(r, t + cost)
                 if st.server is not None:
-                    after_server(r, t + cost)
+                    ag.after_server(r, t + cost)
                 h = st.hand
                 if payload == "done" or asked[r] < 0:
                     asked[r] = t
@@ -478,7 +502,7 @@ class Engine:
                     rt.add_parts(t + cost - asked[r], cost)
                     asked[r] = -1.0
                     a, b = h
-                    push(t + cost + (cum[b] - cum[a]), _ENTRY, r, "done")
+                    ag.push(t + cost + (cum[b] - cum[a]), _ENTRY, r, "done")
                 elif st.ended:
                     ended[r] = True
                     makespan = max(makespan, t + cost)
@@ -486,30 +510,30 @@ class Engine:
                         left.append((t + cost, r))
                 else:
                     owner = w.parent
-                    waiters_of(owner, 0).add(r, w.claimer.ticket)
+                    ag.waiters_of(owner, 0).add(r, w.claimer.ticket)
                     if (stations[owner].server is not None and not stations[owner].done_serving
                             and last_tick[owner] < asked[r]):
                         # (the owner notices a waiter on its next look; it need not look again
                         # each time this waiter wakes and finds nothing)
-                        schedule_tick(owner, t + cost + c.detect)
+                        ag.schedule_tick(owner, t + cost + c.detect)
             elif kind == _ARRIVE:  # at a rank that serves nobody: heard when its loop next runs
                 if faulty and ended[r]:
                     fault(kind, r, payload, t)
                     continue
                 inbox[r].append(payload)
                 if hand[r] is None and not ended[r]:
-                    push(t + c.poll, _ENTRY, r)  # a waiting slave polls its messages too
+                    ag.push(t + c.poll, _ENTRY, r)  # a waiting slave polls its messages too
             elif kind == _HANDLE:
                 src, msg = payload
                 sink[0] = 0
                 loop.handle(Received(src, msg))
                 if st.planner is not None:
                     st.planner.on_service(c.service_time)  # (μ, as the runtime measures it while serving)
-                send_all(r, t)
+                ag.send_all(r, t)
                 last_served[r] = t
-                after_server(r, t)
+                ag.after_server(r, t)
                 if st.worker is not None and hand[r] is None and not ended[r]:
-                    push(t + c.poll, _ENTRY, r)  # (its own loop, if waiting, hears what changed too)
+                    ag.push(t + c.poll, _ENTRY, r)  # (its own loop, if waiting, hears what changed too)
                 level = st.info.level
                 handled.setdefault(level, [0, 0, 0])[1] += 1
             elif kind != _TICK:
@@ -526,11 +550,11 @@ class Engine:
                 cost = c.service_time
                 d = st.server
                 if isinstance(d, Region):
-                    cost += charge(r, start, d.parent, sink[0])
+                    cost += ag.charge(r, start, d.parent, sink[0])
                 busy_until[r] = start + cost
                 server_busy[r] += cost
-                send_all(r, start + cost)
-                after_server(r, start + cost)
+                ag.send_all(r, start + cost)
+                ag.after_server(r, start + cost)
                 handled.setdefault(st.info.level, [0, 0, 0])[2] += 1
         for r in range(n):
             if stations[r].worker is not None and not ended[r] and not dead[r]:
