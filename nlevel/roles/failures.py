@@ -11,9 +11,9 @@ and the deputy watches the master's heartbeat.
 
 from __future__ import annotations
 
-from typing import Final
 from collections import deque
 from dataclasses import replace
+from typing import Final
 
 from ..model.hierarchy import Hierarchy, Role, build
 from ..ranges import RangeSet

@@ -14,8 +14,8 @@ servers' and the runtime's: messages, ticks, deaths, the operator's requests.
 
 from __future__ import annotations
 
-from typing import Final
 from dataclasses import replace
+from typing import Final
 
 from ..ranges import RangeSet
 from .ending import Closing

@@ -9,7 +9,12 @@ takes 74 s of one core instead of 245 s, under the two minutes it must stay with
 
 The build is not a second implementation: it is the package's own files, copied into a
 cache directory and compiled there, with one change: their frozen dataclasses are
-compiled as plain ones (see :func:`_thaw`). The directory's name carries a
+compiled as plain ones (see :func:`_thaw`). Compiled code also holds to its declared
+types: an ``int`` given for a ``float`` becomes a float, a ``bool`` for an ``int`` an int,
+and a numpy integer is refused with a TypeError. Only the command line's child process
+runs the build, with the values its parser made; ``model/plan.py`` stays interpreted all
+the same, so that a :class:`~nlevel.model.plan.Plan` refuses what it refuses in a real
+job, with the same message. The directory's name carries a
 digest of every source file, the Python version and mypy's version, so an edited
 source is never run from a stale build. The installed package itself stays
 interpreted (the MPI runtime, the tests, a developer's edits).
@@ -43,14 +48,11 @@ __all__ = ["COMPILED", "BuildUnavailable", "cache_root", "digest", "build", "com
 
 #: Modules compiled (paths under the package): where the simulator spends its time.
 COMPILED = (
-    # (roles/messages.py stays interpreted: mypyc turns the class-level tag of its frozen dataclasses into a field)
     "roles/messages.py",
     "roles/events.py",
     "ranges.py",
     "stats.py",
     "model/hierarchy.py",
-    "model/plan.py",
-    "model/queueing.py",
     "model/cost.py",
     "roles/board.py",
     "roles/worker.py",

@@ -415,7 +415,7 @@ class Engine:
         n = self.size
         stations, loops, boards = self.stations, self.loops, self.boards
         sink = boards.sink
-        cum: list[float] = self.cum.tolist()  # (a list: one float per read, not a numpy scalar)
+        cum: list[float] = self.cum.tolist()  # (a list: one float per read, not a numpy scalar; ~100 MB at 3.3 M tasks)
         outbox = self.outbox
         ag = _Agenda(n, c, stations, outbox)
         heap = ag.heap
