@@ -385,7 +385,8 @@ class Engine:
         n = hierarchy.size
         self.size = n
         self.total = len(durations)
-        self.cum = np.concatenate(([0.0], np.cumsum(np.asarray(durations, dtype=float))))
+        # Work before each task, as a list: one float per read, not a numpy scalar (~100 MB at 3.3 M tasks).
+        self.cum: list[float] = np.concatenate(([0.0], np.cumsum(np.asarray(durations, dtype=float)))).tolist()
         leaf = slots[0] if slots else max(config.board_slots, 4 * n)
         self.boards = SimBoards(slots or (leaf, max(16, leaf // 8)))
         self.t = 0.0
@@ -415,7 +416,7 @@ class Engine:
         n = self.size
         stations, loops, boards = self.stations, self.loops, self.boards
         sink = boards.sink
-        cum: list[float] = self.cum.tolist()  # (a list: one float per read, not a numpy scalar; ~100 MB at 3.3 M tasks)
+        cum = self.cum
         outbox = self.outbox
         ag = _Agenda(n, c, stations, outbox)
         heap = ag.heap
