@@ -167,7 +167,12 @@ class StationCore:
                 # Timeouts of earlier runs (without fault tolerance a hung task stops the job;
                 # the next run counts on).
                 self.server.count_timeouts(self.ledger.timeouts)
+            self.leave_out(self.server)
         if not info.computes:
+            if info.role is Role.DRAINED and self.worker is not None and info.parent is not None:
+                # Drained: it claims nothing more, but what it still runs (it may not have left
+                # yet) is reported to its parent in this plan, the master, which holds it as gone.
+                self.worker.reparent(info.parent, self.boards.slots(LEAF), self.epoch)
             return
         parent = self.rank if self.server is not None else info.parent
         assert parent is not None
@@ -175,6 +180,14 @@ class StationCore:
         if self.worker is None:
             self.worker = Worker(self.rank, parent, slots, c.report_every, c.report_age, self.clock)
         self.worker.reparent(parent, slots, self.epoch)
+
+    def leave_out(self, server: Server) -> None:
+        """The drained ranks among ``server``'s children (see :func:`~nlevel.model.hierarchy.build`'s
+        ``out``) claim nothing: they count as gone from the start (their last reports still come)."""
+        h = self.hierarchy
+        for r, child in server.children.items():
+            if h[r].role is Role.DRAINED:
+                server.child_left(child)
 
     @property
     def serves_remote(self) -> bool:

@@ -59,7 +59,7 @@ class Failures(StationCore):
         outs: list[Effect] = []
         for x in new:
             self.endings.pop(x, None)
-        nh = build(self.size, old.plan, failed)
+        nh = build(self.size, old.plan, failed, old.out)  # (the ranks its plan left out stay out)
         if self.sent_done is None:
             self.sent_done = {}
         # Completions reported to a rank that died are lost with it: report them again (below),
@@ -363,6 +363,7 @@ class Failures(StationCore):
                         d.attach(child, w.holding())  # this rank's own loop is now served here
                         if w.state is State.LEFT:
                             d.child_left(child)  # (it left while it was someone else's child)
+            self.leave_out(d)
             if isinstance(d, Region):
                 d.relaid(info.weight)
         self.server = d

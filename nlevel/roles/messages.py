@@ -158,10 +158,12 @@ class Report:
 
 @dataclass(frozen=True, slots=True)
 class Regroup:
-    """Master to every rank: switch to ``plan`` as epoch ``epoch``."""
+    """Master to every rank: switch to ``plan`` as epoch ``epoch``, laid out without the drained
+    ranks ``out`` (every rank builds the same hierarchy; see :func:`~nlevel.model.hierarchy.build`)."""
 
     epoch: int
     plan: Plan
+    out: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

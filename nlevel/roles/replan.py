@@ -11,6 +11,10 @@ completions straight to the master, builds its roles for the new hierarchy, and 
 old parent (:class:`~nlevel.roles.messages.Ack`) that nothing more will come under the old
 plan. Reports that still arrive under an older epoch go to the master as orphans. A rank
 keeps listening (``draining``) until every old child has acknowledged.
+
+Ranks an operator drained stay out of every later plan: the Regroup names them (``out``),
+and every rank lays the new plan out without them (no block to lead, nothing to compute,
+a child of the master that counts it as gone), as it does after a death in that epoch.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ class Replanning(Failures):
         queue, aside, stopped = old.queue, old.aside, old.stopped
         self.retire_server()
         self.plans.append(plan)
-        self.lay_out(build(self.size, plan, self.failed))
+        out = (self.hierarchy.out | frozenset(self.drained)) - self.failed
+        self.lay_out(build(self.size, plan, self.failed, out))
         new = self.server
         assert isinstance(new, Master)
         new.queue, new.aside, new.stopped, new.high = queue, aside, stopped, old.high
@@ -55,7 +60,7 @@ class Replanning(Failures):
         new.task_mean, new.task_max, new.deaths, new.timeouts = old.task_mean, old.task_max, old.deaths, old.timeouts
         if not self.draining[self.epoch - 1]:
             del self.draining[self.epoch - 1]
-        regroup = Regroup(self.epoch, plan)
+        regroup = Regroup(self.epoch, plan, tuple(sorted(out)))
         return [Send(r, regroup) for r in range(self.size) if r != self.rank and r not in self.failed]
 
     def regroup(self, msg: Regroup) -> list[Effect]:
@@ -87,7 +92,9 @@ class Replanning(Failures):
                                             task_max=report.task_max)))
         self.epoch = msg.epoch
         self.plans.append(msg.plan)
-        self.lay_out(build(self.size, msg.plan, self.failed))
+        if self.rank in msg.out:
+            self.drain_requested = True  # (its Drain came first; this holds whatever the order)
+        self.lay_out(build(self.size, msg.plan, self.failed, frozenset(msg.out)))
         if old_parent is not None and old_parent not in self.failed:
             outs.append(Send(old_parent, Ack(msg.epoch)))
         future, self.future = self.future, []

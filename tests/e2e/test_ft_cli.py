@@ -132,13 +132,18 @@ def test_a_hung_process_is_killed_when_its_lease_expires(tmp_path, mpi_env, rank
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("ft", [True, False], ids=["ulfm", "no-ulfm"])
-def test_drain_takes_ranks_out_of_a_live_job(tmp_path, mpi_env, ft):
+@pytest.mark.parametrize("ft,switch", [(True, False), (False, False), (False, True)],
+                         ids=["ulfm", "no-ulfm", "no-ulfm-then-switch"])
+def test_drain_takes_ranks_out_of_a_live_job(tmp_path, mpi_env, ft, switch):
+    """``then-switch``: the job switches plans (``--levels auto``, forced at 60 %) after the drain: the
+    new plan is laid out without the drained ranks (issue 14), on every rank. (Without ULFM: under it
+    the drained ranks leave by exiting, a failure, after which the job keeps its plan.)"""
     logs = tmp_path / "logs"
     logs.mkdir()
     launcher = [os.path.join(BIN, "nlevel-mpiexec"), *(["--with-ft", "ulfm"] if ft else []), "-n", "6"]
+    plan = ["--levels", "auto", "--force-replan", "0.6@3x2"] if switch else ["--levels", "3", "--regions", "2"]
     cmd = [*launcher, sys.executable, "-m", "nlevel.run", LOGGING_APP, "--n", "4000", "--sleep-ms", "10",
-           "--levels", "3", "--regions", "2", "--checkpoint", "run.h5", "--report", "r.json", "--quiet"]
+           *plan, "--checkpoint", "run.h5", "--report", "r.json", "--quiet"]
     job = subprocess.Popen(cmd, cwd=tmp_path, env={**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs)},
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -166,6 +171,10 @@ def test_drain_takes_ranks_out_of_a_live_job(tmp_path, mpi_env, ft):
     assert completed_ids(tmp_path / "run.h5") == set(range(4000))
     tail = {int(x) for p in logs.iterdir() if p.name in ("exec-4.log", "exec-5.log") for x in p.read_text().split()}
     assert len(tail) < 2 * 4000 / 6  # they stopped early
+    if switch:
+        assert [p["levels"] for p in report["plan_history"]] == [2, 3]
+        assert report["hierarchy"]["workers"] == 4  # (0, 1, 2, and 3 alone in its block)
+        assert report["hierarchy"]["master_children"] == 3
 
 
 def test_drain_refuses_clearly(tmp_path):

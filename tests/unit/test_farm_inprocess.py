@@ -258,3 +258,94 @@ def test_a_task_that_kills_its_process_is_quarantined_alone_not_with_its_range(s
     never_ran = [tid for tid in led.failed if tid != 17 and not out.executed.get(tid)]
     assert not never_ran, f"quarantined without running: {never_ran} (failed: {sorted(led.failed)})"
     assert led.n_committed + len(led.failed) == total
+
+
+def _drain_then_switch(net, drain, switches):
+    """Step ``net``: the master drains ``drain[1]`` once ``drain[0]`` tasks ran, then switches plans as ``switches``
+    say ((tasks run, plan), ...), as ``--levels auto`` would."""
+    from nlevel.roles.events import DrainRequest
+
+    pending = [(drain[0], "drain", drain[1])] + [(at, "switch", plan) for at, plan in switches]
+    answers = []
+    orig = net.step
+
+    def step(user_step=None):
+        while pending and sum(net.executed.values()) >= pending[0][0]:
+            _, kind, what = pending.pop(0)
+            m = net.master()
+            if kind == "drain":
+                effects = net.stations[m].handle(DrainRequest("op", ranks=what))
+                answers.extend(e.outcome for e in effects if type(e).__name__ == "Answer")
+                net.loops[m].perform(effects)
+            else:
+                net.loops[m].perform(net.stations[m].switch(what))
+        return orig(user_step)
+
+    net.step = step
+    return answers
+
+
+def _drained_stay_out(out, drained):
+    """In the view of every rank on the master's epoch, the drained ranks compute nothing, serve nobody and
+    are held by no server as a child still claiming."""
+    master = out.stations[min(r for r in range(len(out.stations)) if r not in out.dead)]
+    for st in out.stations:
+        if st.rank in out.dead or st.epoch != master.epoch:
+            continue
+        h = st.hierarchy
+        for d in drained - out.dead:
+            node = h[d]
+            assert not node.computes, (st.rank, node)
+            if d != h.master:  # (a drained master serves only)
+                assert node.role.value == "drained" and node.parent == h.master, (st.rank, node)
+                assert not node.children and node.weight == 0, (st.rank, node)
+            child = st.server.children.get(d) if st.server is not None else None
+            assert child is None or child.left, f"rank {st.rank} counts drained rank {d} as a child still claiming"
+        if st.rank in drained and st.rank != h.master:
+            assert st.server is None, f"drained rank {st.rank} serves again"
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("ft", ["on", "off"])
+@pytest.mark.parametrize("size,plan,drained,switches", [
+    (9, Plan(3, (2,)), {3, 5}, [(60, Plan(2)), (200, Plan(3, (3,)))]),   # a slave and a region-master
+    (16, Plan(4, (2, 2)), {8, 13}, [(80, Plan(2)), (250, Plan(4, (2, 2)))]),
+    (7, Plan(2), {0, 6}, [(50, Plan(3, (2,)))]),                         # the master drains itself
+])
+def test_drained_ranks_stay_out_across_plan_switches(seed, ft, size, plan, drained, switches):
+    """Issue 14: a switch laid the new plan out over every live rank, so a drained rank (gone, or leaving)
+    was a computing child or a region-master again, counted and waited for as one."""
+    total = 400
+    config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance=ft)
+    net = Network(size, plan, total, seed, config=config)
+    answers = _drain_then_switch(net, (15, tuple(sorted(drained))), switches)
+    out = net.run()
+    assert answers == [{"result": {"ranks": sorted(drained)}}]
+    check(out, total)
+    assert all(n == 1 for n in out.executed.values())
+    assert out.stations[0].epoch == len(switches)
+    _drained_stay_out(out, drained)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("victim", [0, 4, 7])
+def test_drained_ranks_stay_out_when_a_death_follows_a_switch(seed, victim):
+    """The layout after a death is built from the epoch's plan and the ranks it left out, the same on every rank."""
+    size, total = 9, 400
+    config = Config(levels=3, regions=(2,), fault_tolerance="on")
+    net = Network(size, Plan(3, (2,)), total, seed, config=config)
+    _drain_then_switch(net, (15, (3, 5)), [(60, Plan(3, (3,)))])
+    orig = net.step
+    state = {"killed": False}
+
+    def step(user_step=None):
+        if not state["killed"] and net.stations[0].epoch == 1 and sum(net.executed.values()) >= 120:
+            state["killed"] = True
+            net.die(victim)
+        return orig(user_step)
+
+    net.step = step
+    out = net.run()
+    assert state["killed"]
+    check(out, total)
+    _drained_stay_out(out, {3, 5})

@@ -150,3 +150,56 @@ def test_failures_keep_a_tree_over_exactly_the_survivors(size, shape, data):
     assert h[h.master].weight == sum(1 for r in alive if h[r].computes)
     for r in failed:
         assert h[r].role is Role.DEAD and not h[r].computes
+
+
+# -- drained ranks left out of a new plan (a switch after an operator's drain) ------------------
+def test_drained_ranks_lead_nothing_compute_nothing_and_hang_under_the_master():
+    h = build(9, Plan(3, (3,)), out=frozenset({3, 7}))  # blocks [0..2], [3..5], [6..8]
+    assert h[4].role is Role.REGION and h[4].children == (5,)  # 3 was the leader: its next rank leads
+    assert h[6].children == (8,)
+    for r in (3, 7):
+        assert h[r].role is Role.DRAINED and h[r].parent == 0 and not h[r].children
+        assert not h[r].computes and h[r].weight == 0 and h[r].level == 2
+    assert h[0].children == (4, 6, 1, 2, 3, 7) and h[0].weight == 7 == h.workers()
+    assert h.out == frozenset({3, 7})
+    assert h.summary()["ranks_per_level"] == [1, 2, 4] and h.summary()["master_children"] == 4
+
+
+def test_a_drained_master_stays_master_and_serves_only():
+    h = build(7, Plan(3, (2,)), out=frozenset({0}))
+    assert h.master == 0 and h[0].role is Role.MASTER and not h[0].computes
+    assert h[1].role is Role.REGION and h[1].parent == 0 and h[1].children == (2, 3)
+    assert h[0].children == (1, 4) and h[0].weight == 6
+
+
+def test_a_drained_rank_that_died_is_dead():
+    h = build(7, Plan(2), failed=frozenset({3}), out=frozenset({3, 4}))
+    assert h[3].role is Role.DEAD and h[4].role is Role.DRAINED and h.out == frozenset({4})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 60), st.sampled_from([(2, ()), (3, (2,)), (3, (3,)), (4, (2, 2))]), st.data())
+def test_failed_and_drained_ranks_keep_a_tree_of_the_others_under_the_lowest_survivor(size, shape, data):
+    levels, regions = shape
+    plan = Plan(levels=levels, regions=regions)
+    try:
+        build(size, plan)
+    except PlanError:
+        return
+    failed = frozenset(data.draw(st.sets(st.integers(0, size - 1), max_size=size - 1)))
+    out = frozenset(data.draw(st.sets(st.integers(0, size - 1), max_size=size)))
+    h = build(size, plan, failed, out)
+    alive = [r for r in range(size) if r not in failed]
+    assert h.master == alive[0]
+    for r in alive:
+        node, x, hops = h[r], r, 0
+        if r in out and r != h.master:
+            assert node.role is Role.DRAINED and node.parent == h.master and not node.children and node.weight == 0
+        while h[x].parent is not None:
+            p = h[x].parent
+            assert p not in failed and x in h[p].children and (p not in out or p == h.master)
+            x, hops = p, hops + 1
+            assert hops <= levels
+        assert x == h.master
+    assert not any(h[r].computes for r in out)
+    assert h[h.master].weight == sum(1 for r in alive if r not in out and h[r].computes) == h.workers()

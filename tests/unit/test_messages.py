@@ -20,7 +20,7 @@ RECORD = FailureRecord(4, "region-master", 1, "ulfm", 0, 12.5, 9, 1.5, "deputy's
 SAMPLES = [
     Report(((0, 5), (9, 10)), ((3, 1.5), (4, (2.0, 3.0))), ((20, 22),), (FAILURE,), True, 2, True, 5, 0.25, 0.75, 4.5,
            Ending(({"rank": 3, "tasks": 7},), {"unexpected": 0}), 96),
-    Regroup(2, Plan(3, (2,), reason="r")),
+    Regroup(2, Plan(3, (2,), reason="r"), (5, 6)),
     Ack(5),
     Holding(((1, 4), (8, 9)), (3, 6), True, 12, ((3, ((5, 6),)),), ((10, 12),), True),
     Mirror(((0, 10),), ((1, 0.5),), 100, 2, True, (RECORD,), (FAILURE,), ((7, 2),), ((7, 3),), ((3, 5),), 40),

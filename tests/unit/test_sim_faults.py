@@ -248,3 +248,13 @@ def test_a_spread_drain_after_every_slave_ended_drains_nothing():
     r, total = run(16, PLAN, drains=[(10.0, -4)], ft=False)  # (the job ends in well under a second)
     exactly_once(r, total)
     assert not r.drained
+
+
+@pytest.mark.parametrize("drain", ["40/spread@0.05", "64@0.05"])
+def test_ranks_drained_before_an_auto_switch_stay_out_and_every_id_is_committed(capsys, drain):
+    """Issue 14: the switch of ``--plan auto`` (at about 13 s here) laid the new plan out over the drained ranks too."""
+    assert main(["--procs", "512", "--task-time", "2:5", "--tasks-per-proc", "20", "--plan", "auto", "--engine",
+                 "python", "--drain", drain, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["committed"] == out["tasks"] == out["tasks_run"] == 10240
+    assert len(out["plan_history"]) == 2 and len(out["drained"]) == int(drain.split("@")[0].split("/")[0])
