@@ -28,7 +28,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .config import Config
 from .errors import ConfigError, NlevelError
@@ -319,6 +319,16 @@ class Farm:
         on its own with the job's status, and mpiexec would end the master at the first one.
         """
         self._rt.hold_deputy = True
+
+    def on_forced_end(self, write: Callable[[dict[str, Any]], None]) -> None:
+        """For a caller that writes the report (:attr:`report`) to a file after the end: ``write(report)``
+        is called instead when this process has to end the job from inside a task that never
+        returns (the last rank left, e.g. a one-process job, past ``task_timeout``).
+
+        The call comes from nlevel's server thread, the checkpoint written; the process then
+        exits with the job's status (``os._exit``), so the code after the loop does not run.
+        """
+        self._rt.on_forced_end = write
 
     def release_deputy(self) -> None:
         """After the end (see :meth:`hold_deputy`): the master's last work is done; the ranks waiting for it may go."""

@@ -30,7 +30,7 @@ from ..ranges import RangeSet
 from .core import StationCore
 from .events import Abandon, Effect, Kill, Send
 from .master import Master
-from .messages import Gone, Heartbeat, TimedOut
+from .messages import FailureRecord, Gone, Heartbeat, TimedOut
 from .recovery import deputy
 from .region import Region
 
@@ -205,14 +205,25 @@ class Watching(StationCore):
         """This rank's own task hung and it cannot be killed (no fault tolerance): it leaves the job.
 
         Every live rank is told it is gone (and handles it like a death); this rank stops taking part.
-        The last rank (a master alone, e.g. a one-process job) counts its own ids' death here, as a
-        successor would (toward quarantine): the process must then end the job itself.
+        The last rank (a master alone, e.g. a one-process job) does here what a successor would:
+        the job stops (``"task timeout"``, with or without fault tolerance: nobody is left to run
+        the rest), its own ids count a death (toward quarantine) and the death is recorded for the
+        report. The process must then end the job itself (the runtime writes the checkpoint and
+        the report, and exits with the job's status).
         """
         self.abandoned = True
         others = [r for r in range(self.size) if r not in self.failed and r != self.rank]
         d = self.server
-        if not others and isinstance(d, Master) and self.rank in d.children:
-            d.requeue_lost(d.drop_child(self.rank), self.rank, self._host(self.rank), why)
+        if not others and isinstance(d, Master):
+            self.stop_reason = self.stop_reason or "task timeout"
+            d.stop(self.clock())
+            if self.rank in d.children:
+                host = self._host(self.rank)
+                held = d.drop_child(self.rank)
+                info = self.info
+                record = FailureRecord(self.rank, info.role.value, info.level, why, self.rank, self.wall(), len(held))
+                n, quarantined = d.requeue_lost(held, self.rank, host, why)
+                self.failures.append(record.closed(n, tuple(quarantined), self.wall()))
         gone = Gone((self.rank,), why)
         return [Send(r, gone) for r in others]
 

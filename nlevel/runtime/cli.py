@@ -177,6 +177,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nlevel: error: {first}", file=sys.stderr, flush=True)
         return 2
 
+    def tell(report: dict[str, Any]) -> None:
+        """The report: to its file, and the summary (the master, after the end; or a process ending
+        the job from inside a task that never returns, see Farm.on_forced_end)."""
+        report["app"] = {"name": app.name, "options": _app_options(app, options), "argv": list(argv or sys.argv[1:])}
+        if options.report:
+            write_json(options.report, report)
+        if not options.quiet:
+            print(format_summary(report), flush=True)
+            if options.report:
+                print(f"  report: {os.path.abspath(options.report)}", flush=True)
+
     farm: Any = None
     status = 0
     try:
@@ -191,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             retry_failed=options.retry_failed,
         ) as farm:
             farm.hold_deputy()  # (released once the report file is written, below)
+            farm.on_forced_end(tell)
             on_error = farm.config.on_task_error
             for task_id in farm:
                 try:
@@ -217,14 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         farm.report = None  # (the master was not dead: it exited just after releasing this rank; its report stands)
     if farm is not None and farm.report is not None:  # the master (rank 0 unless it died)
         report = farm.report
-        report["app"] = {"name": app.name, "options": _app_options(app, options), "argv": list(argv or sys.argv[1:])}
         try:
-            if options.report:
-                write_json(options.report, report)
-            if not options.quiet:
-                print(format_summary(report), flush=True)
-                if options.report:
-                    print(f"  report: {os.path.abspath(options.report)}", flush=True)
+            tell(report)
         finally:
             farm.release_deputy()  # (it watched the master until the report was on disk and told)
         status = max(status, report_status(report))

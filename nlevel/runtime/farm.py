@@ -21,30 +21,26 @@ import os
 import sys
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from .._version import __version__
 from ..config import Config
 from ..errors import ConfigError, NlevelError
 from ..model.hierarchy import Hierarchy, build
 from ..roles.events import Ran
-from ..roles.messages import FailureRecord
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.station import Station
-from ..roles.core import TIMELINE_BIN
-from ..roles.region import Region
 from . import checkpoint as ckpt
 from . import control, machine, signals, window
 from .backoff import Backoff
 from .identity import identity
 from .rank import MpiPort, Runner, clock
 from .startwatch import mark, start_records
-from .report import build_report, failed_lines, failed_tasks, ledger_status, merge_stats, timeline
+from .report import build_report, failed_lines, failed_tasks, ledger_status, merge_stats, station_facts
 from .transport import MpiError, Transport, agree, kill_self, revoke, setup_recovery, shrink, user_ranks, world
 
 __all__ = ["FarmRuntime"]
-
 
 
 def _layout(config: Config | None) -> tuple[tuple[int, int], bool]:
@@ -96,6 +92,9 @@ class FarmRuntime:
         self._early: tuple[Station, list[Any]] | None = None  # rank 0: its roles, stocked before the exchange
         self._released_all = False  # the master released everyone ...
         self.hold_deputy = False  # the caller writes the report after the end, then calls release_deputy()
+        #: The caller's writer of the report, for a process that ends the job itself from inside a
+        #: task that never returns (see :meth:`_ended_here`); None: the report stays in memory.
+        self.on_forced_end: Callable[[dict[str, Any]], None] | None = None
         self._closing: BaseException | None = None  # ... and the checkpoint's error then, if any
         self.released_at = 0.0  # (unix s) when the job was released (by the master, or the deputy that finished it)
         self.setup_deaths: list[dict[str, Any]] = []  # ranks (of the user's communicator) dead during set-up
@@ -262,6 +261,7 @@ class FarmRuntime:
         self.station.merge = merge_stats
         self.port = MpiPort(t, cfg, path, meta, self.writer, self.width)
         self.port.lock, self.port.lock_token = self.lock, lock_token
+        self.port.ended_here = self._ended_here
         self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval,
                          timer=time.perf_counter)
         self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided")
@@ -484,6 +484,26 @@ class FarmRuntime:
                 self.loop.perform(held)
                 self.t.flush(timeout=5.0)
 
+    def _ended_here(self, status: int) -> None:
+        """The last rank ends the job from inside its own task, past ``--task-timeout`` (see
+        :meth:`~nlevel.runtime.rank.MpiPort.retire`; its checkpoint is written): the report, as
+        the end would build it, is given to :attr:`on_forced_end`. Called in the server thread,
+        which holds the runner's lock; the process exits right after."""
+        st = self.station
+        ledger = st.ledger
+        if ledger is None:
+            return
+        self.released_code, self.released_at = status, time.time()
+        rows, totals = st.end_payload(partial=True)  # (its own row: no other rank is left)
+        report = self._report(rows, totals, ledger)
+        if self.port.checkpoint_error is not None:
+            report["checkpoint_error"] = str(self.port.checkpoint_error)
+        self.report = report
+        if self.recorder is not None:
+            self.recorder.close(finished=True, complete=bool(report.get("complete")))
+        if self.on_forced_end is not None:
+            self.on_forced_end(report)
+
     def _await_release(self) -> None:
         """Take part in the end (:mod:`nlevel.roles.ending`) until the master releases this rank.
 
@@ -544,25 +564,11 @@ class FarmRuntime:
         if self.setup_deaths:  # (ranks of the user's communicator; the farm's own were renumbered after them)
             report["failures"] = self.setup_deaths + report["failures"]
             report["user_ranks"] = user_ranks(self.t.comm, self.user_comm)
-        # (drained ranks leave by dying under ULFM: their records are left out of the failures)
-        recorded = {f["rank"] for f in totals["failures"]} | set(st.drained)
-        lost = sorted(set(st.failed) - recorded - left)
-        first = build(self.size, st.plans[0]) if lost else None
-        for r in lost:
-            assert first is not None
-            # Its record was made by the rank that recovered from it, which died too (a master and
-            # its successor killed close together): the death is still told.
-            report["failures"].append(FailureRecord(
-                r, first[r].role.value, first[r].level, "died; the record of its recovery was lost with the rank "
-                "that made it (which died too)", -1, 0.0, 0).to_dict() | {"detected_at": None})
+        facts = station_facts(st, totals, left)
+        report["failures"] += facts.pop("lost")
+        report.update(facts)
         report["grants"] = self.boards.kind
         report["costs_from"] = self.costs_from  # (where the model's costs came from: calibration, settings)
-        report["dead_ranks"] = sorted(set(st.failed) - left)
-        report["timeline"] = timeline(totals.get("timeline", {}), TIMELINE_BIN)
-        report["drained"] = [{"rank": r, "requested_at": t0} for r, t0 in sorted(st.drained.items())]
-        report["plan_history"] = [p.to_dict() for p in st.plans]
-        report["stopped"] = (st.stop_reason or "SIGUSR1") if st.stopped else None
-        report["decisions"] = st.planner.report() if st.planner is not None else []
         report["retried_failed"] = self.retry_failed
         return report
 

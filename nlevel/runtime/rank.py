@@ -76,6 +76,9 @@ class MpiPort:
         self.checkpoint_error: BaseException | None = None
         self.lock: Any = None  # the checkpoint's lock (the master's; see nlevel.runtime.lock)
         self.lock_token: str | None = None  # the lock's name, told to every rank: a new master adopts it
+        #: Called with the job's status when this process ends the job itself (see :meth:`retire`),
+        #: before it exits: the farm's report, for the caller that writes it to a file.
+        self.ended_here: Callable[[int], None] | None = None
 
     def send(self, dest: int, msg: Message) -> None:
         self.t.send(dest, msg)
@@ -126,6 +129,13 @@ class MpiPort:
         sys.stderr.write(failed_lines(failed_tasks(last)))
         self.log(f"{why}; no other rank is left to end the job: this process ends it, exit status {status}"
                  + (" (the same command resumes)" if status == signals.EXIT_STOPPED else ""))
+        if self.ended_here is not None:
+            # (in this thread: the main one is inside the task that never returns, and the code
+            # after the user's loop, which writes the report otherwise, never runs)
+            try:
+                self.ended_here(status)
+            except Exception as exc:  # the process ends all the same: its checkpoint is written
+                self.log(f"could not write the run report as the process ended: {exc!r}")
         if self.lock is not None:
             self.lock.release()  # (the next run takes the checkpoint without a stale lock to take over)
         from .launch import record_exit

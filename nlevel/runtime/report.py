@@ -10,8 +10,10 @@ from typing import Any
 
 from .._version import __version__
 from ..config import Config
-from ..model.hierarchy import Hierarchy
+from ..model.hierarchy import Hierarchy, build
+from ..roles.core import TIMELINE_BIN
 from ..roles.ledger import Ledger
+from ..roles.messages import FailureRecord
 from ..stats import RequestTimes, Summary
 from . import machine
 from .signals import EXIT_STOPPED
@@ -54,6 +56,38 @@ def timeline(per_rank: dict[int, dict[int, int]], bin_s: float) -> dict[str, Any
         "bin_s": bin_s,
         "t0": first * bin_s,
         "served": {str(r): [bins.get(b, 0) for b in range(first, last + 1)] for r, bins in sorted(per_rank.items())},
+    }
+
+
+def station_facts(st: Any, totals: dict[str, Any], left: set[int]) -> dict[str, Any]:
+    """What the report takes from the station that ends the job (the master's, or that of the rank
+    that finished a dead master's release): dead and drained ranks, plans and the planner's
+    decisions, why the job stopped, the servers' timeline; and ``lost``, one failure record for
+    each death whose own record was lost.
+
+    ``totals``: the ranks' merged statistics; ``left``: ranks that exited after their release
+    (deaths to ULFM, not failures).
+    """
+    # (drained ranks leave by dying under ULFM: their records are left out of the failures)
+    recorded = {f["rank"] for f in totals["failures"]} | set(st.drained)
+    lost = sorted(set(st.failed) - recorded - left)
+    first = build(st.size, st.plans[0]) if lost else None
+    records = []
+    for r in lost:
+        assert first is not None
+        # Its record was made by the rank that recovered from it, which died too (a master and
+        # its successor killed close together): the death is still told.
+        records.append(FailureRecord(
+            r, first[r].role.value, first[r].level, "died; the record of its recovery was lost with the rank "
+            "that made it (which died too)", -1, 0.0, 0).to_dict() | {"detected_at": None})
+    return {
+        "lost": records,
+        "dead_ranks": sorted(set(st.failed) - left),
+        "timeline": timeline(totals.get("timeline", {}), TIMELINE_BIN),
+        "drained": [{"rank": r, "requested_at": t0} for r, t0 in sorted(st.drained.items())],
+        "plan_history": [p.to_dict() for p in st.plans],
+        "stopped": (st.stop_reason or "SIGUSR1") if st.stopped else None,
+        "decisions": st.planner.report() if st.planner is not None else [],
     }
 
 
@@ -263,6 +297,6 @@ def format_summary(report: dict[str, Any]) -> str:
         if len(failed) > 20:
             lines.append(f"    ... and {len(failed) - 20} more (see the report's failed_tasks)")
     if not report["complete"]:
-        why = " (stopped by SIGUSR1; the same command resumes)" if report.get("stopped") else ""
+        why = f" (stopped: {report['stopped']}; the same command resumes)" if report.get("stopped") else ""
         lines.append(f"  INCOMPLETE: {report['total'] - report['committed']} tasks not committed{why}")
     return "\n".join(lines)

@@ -7,12 +7,19 @@ and without ULFM. Each run is bounded by a subprocess timeout: a hang fails the 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from nlevel.runtime import checkpoint as ckpt
 
-from .test_cli import completed_ids
+from ..conftest import ROOT, run_bounded
+from .test_cli import BIN, completed_ids
 from .test_ft_cli import run_job
+
+SCRIPT = os.path.join(ROOT, "tests", "apps", "hang_script.py")
 
 
 def _failed_lines(stderr: str) -> list[str]:
@@ -112,25 +119,62 @@ def test_without_ulfm_the_masters_own_hung_task_stops_the_job_and_keeps_what_it_
 
 
 @pytest.mark.timeout(300)
-def test_a_one_process_job_whose_task_hangs_ends_itself_and_resuming_counts_on(tmp_path, mpi_env):
+@pytest.mark.parametrize("ft", [False, True], ids=["no-ulfm", "ulfm"])
+def test_a_one_process_job_whose_task_hangs_ends_itself_and_resuming_counts_on(tmp_path, mpi_env, ft):
     """Nobody else can end a one-process job whose task never returns (it hung until killed): the
-    process writes the checkpoint, counting the timeout and the death, and ends itself with 75;
-    the third time the id is quarantined, and the run after finishes the rest: 1 (a failed id)."""
+    process writes the checkpoint, counting the timeout and the death, and the report (it wrote
+    none: the code after the loop never runs), and ends itself with 75. The third time the id is
+    quarantined: that run ends with 1 when every other id is done by then, else with 75 and the
+    run after finishes the rest (1: a failed id). Under ULFM alike (killed, nobody would end the
+    job)."""
     args = ["--n", "20", "--die-task", "5", "--how", "forever", "--poison", "--task-timeout", "1"]
     codes = []
-    for _ in range(3):
-        proc, _, _ = run_job(tmp_path, mpi_env, 1, args, ft=False, timeout=60)
+    for run in range(3):
+        (tmp_path / "r.json").unlink(missing_ok=True)
+        proc, report, _ = run_job(tmp_path, mpi_env, 1, args, ft=ft, timeout=60)
         codes.append(proc.returncode)
-        assert "no other rank is left to end the job: this process ends it, exit status 75" in proc.stderr, \
-            (codes, proc.stderr[-3000:])
+        assert "ran task 5 past --task-timeout 1 s; no other rank is left to end the job: this process ends it, " \
+               f"exit status {proc.returncode}" in proc.stderr, (codes, proc.stderr[-3000:])
         assert "taking over the lock" not in proc.stderr  # (the process released it as it ended)
+        assert report is not None, (codes, proc.stderr[-3000:])
+        assert report["stopped"] == "task timeout" and not report["complete"], report
+        [f] = report["failures"]
+        assert f["rank"] == 0 and f["how"] == "ran task 5 past --task-timeout 1 s" and f["requeued"] == (run < 2), f
+        assert [r["rank"] for r in report["per_rank"]] == [0]
+        assert [(x["id"], x["kind"]) for x in report["failed_tasks"]] == ([(5, "timeout")] if run == 2 else [])
+        done = completed_ids(tmp_path / "run.h5")  # (what was committed is in the checkpoint)
+        assert len(done) == report["committed"] and set(range(5)) <= done and 5 not in done, report["committed"]
     assert "nlevel: task 5 FAILED (timeout" in proc.stderr
-    proc, report, _ = run_job(tmp_path, mpi_env, 1, args, ft=False, timeout=60)
-    codes.append(proc.returncode)
-    assert codes == [75, 75, 75, 1] and report["committed"] == 19, (codes, proc.stderr[-3000:])
+    assert codes[:2] == [75, 75] and codes[2] == (1 if report["committed"] == 19 else 75), (codes, report["committed"])
+    if codes[2] == 75:
+        proc, report, _ = run_job(tmp_path, mpi_env, 1, args, ft=ft, timeout=60)
+        codes.append(proc.returncode)
+        assert proc.returncode == 1 and report["committed"] == 19 and not report["stopped"], (codes, proc.stderr)
     _, snap, _ = ckpt.read(tmp_path / "run.h5")
     assert dict(snap.timeouts) == {5: 3} and [f.id for f in snap.failed] == [5]
     assert completed_ids(tmp_path / "run.h5") == set(range(20)) - {5}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("ft", [False, True], ids=["no-ulfm", "ulfm"])
+def test_a_one_process_script_whose_task_hangs_ends_itself(tmp_path, mpi_env, ft):
+    """The same in a script's get_task_id loop: the checkpoint holds what was committed and the
+    timeout, a line names the id, the status is 75, and the same command resumes (and times out
+    again: the count goes on)."""
+    launcher = [os.path.join(BIN, "nlevel-mpiexec"), *(["--with-ft", "ulfm"] if ft else []), "-n", "1"]
+    cmd = [*launcher, sys.executable, SCRIPT, "20", "run.h5", "5"]
+    for run in (1, 2):
+        try:
+            proc = run_bounded(cmd, 60, cwd=tmp_path, env={**mpi_env, "NLEVEL_TASK_TIMEOUT": "1"})
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"hung (run {run}):\n{exc.stderr}")
+        assert proc.returncode == 75, (run, proc.returncode, proc.stderr[-3000:])
+        assert "ran task 5 past --task-timeout 1 s; no other rank is left to end the job" in proc.stderr, \
+            proc.stderr[-3000:]
+        assert "loop over" not in proc.stdout
+        _, snap, _ = ckpt.read(tmp_path / "run.h5")
+        assert dict(snap.timeouts) == {5: run} and not snap.failed
+        assert completed_ids(tmp_path / "run.h5") == (set(range(5)) if run == 1 else set(range(20)) - {5})
 
 
 @pytest.mark.timeout(60)

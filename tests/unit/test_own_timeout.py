@@ -64,8 +64,9 @@ def test_a_deputy_taking_over_from_the_checkpoint_knows_the_earlier_runs_timeout
 @pytest.mark.parametrize("ft", ["off", "on"])
 def test_the_last_rank_gives_itself_up_and_counts_its_ids_death_itself(ft):
     """A one-process job: nobody takes over, and killed (under fault tolerance) nobody would end
-    the job. The rank is given up, its ids count a death here (the third: quarantined), and it
-    leaves the job to end (the runtime then writes the checkpoint and exits with its status)."""
+    the job. The rank is given up, its ids count a death here (the third: quarantined), the job
+    stops, the death is recorded for the report, and it leaves the job to end (the runtime then
+    writes the checkpoint and the report, and exits with its status)."""
     now = [0.0]
     ledger = Ledger(40)
     ledger.timeouts = {17: 2}
@@ -79,3 +80,7 @@ def test_the_last_rank_gives_itself_up_and_counts_its_ids_death_itself(ft):
     assert not [o for o in outs if isinstance(o, Kill)]
     assert st.abandon_self("ran task 17 past --task-timeout 1 s") == []  # (nobody to tell)
     assert list(ledger.failed) == [17] and ledger.failed[17].kind == "timeout"
+    assert st.stopped and st.stop_reason == "task timeout"  # (under fault tolerance too: nobody runs the rest)
+    [f] = st.failures
+    assert (f.rank, f.role, f.how, f.detected_by, f.held, f.requeued, f.quarantined) == \
+        (0, "master", "ran task 17 past --task-timeout 1 s", 0, 1, 0, (17,))
