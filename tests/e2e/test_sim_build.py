@@ -55,6 +55,53 @@ def test_compiled_engine_gives_the_interpreted_results(cache: Path, plan: str) -
     assert not [p for p in cache.iterdir() if p.name.startswith("building-")]
 
 
+_NATIVE_CHECK = """
+import bisect, random, sys
+sys.path.insert(0, sys.argv[1])
+from nlevel import ranges
+from nlevel.sim import engine
+assert ranges._NATIVE and ranges.__file__.endswith('.so'), ranges.__file__
+rng = random.Random(7)
+for _ in range(20000):
+    xs = sorted(rng.sample(range(400), rng.choice([0, 1, 5, 16, 17, 18, 40, 300])))
+    x, lo = rng.randrange(-3, 403), rng.randrange(0, len(xs) + 1)
+    assert ranges._after(xs, x, lo) == bisect.bisect_right(xs, x, lo), (xs, x, lo)
+    assert ranges._before(xs, x) == bisect.bisect_left(xs, x), (xs, x)
+for _ in range(200):
+    heap, want, seq = [], [], 0
+    for _ in range(rng.randrange(1, 300)):
+        if want and rng.random() < 0.4:
+            e = engine._pop(heap)
+            assert (e.t, e.seq) == min(want), ((e.t, e.seq), min(want))
+            want.remove((e.t, e.seq))
+        else:
+            seq += 1
+            t = float(rng.randrange(20))  # (ties: seq decides)
+            engine._push(heap, engine._Event(t, seq, 0, 0, None))
+            want.append((t, seq))
+    while want:
+        e = engine._pop(heap)
+        assert (e.t, e.seq) == min(want)
+        want.remove((e.t, e.seq))
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_BUILD, reason="needs mypy and a C compiler")
+@pytest.mark.timeout(900)
+def test_the_compiled_searches_and_event_heap_match_bisect_and_sorting(cache: Path) -> None:
+    # Compiled, ranges.py searches with its own loop and the engine keeps its own heap (neither
+    # runs interpreted): checked here against bisect and a sort, on the build itself.
+    env = env_with(cache)
+    where = subprocess.run([sys.executable, "-c", "from nlevel.sim.build import build; print(build())"],
+                           capture_output=True, text=True, env=env, timeout=900)
+    assert where.returncode == 0, where.stderr
+    proc = subprocess.run([sys.executable, "-c", _NATIVE_CHECK, where.stdout.strip()], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
 def test_an_edited_source_gets_a_new_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     before = sim_build.digest()
     monkeypatch.setattr(sim_build, "_PACKAGE", tmp_path / "nlevel")
