@@ -40,8 +40,13 @@ class Ledger:
     ) -> None:
         self.total = total
         self.width = width
-        self.committed = RangeSet(completed)
-        self.resumed = len(self.committed)
+        self._committed = RangeSet(completed)
+        # Ids committed lately, apart from (and disjoint from) the large set until there are enough
+        # of them to merge in one pass: the master's set has a range per hole left by the tasks in
+        # flight (tens of thousands at 32,768 processes), and adding to it one range at a time
+        # moved its tail each time.
+        self._recent = RangeSet()
+        self.resumed = len(self._committed)
         self.result_ids = array("q", result_ids)
         self.result_values = array("d", result_values)
         self.recomputed = 0
@@ -55,6 +60,17 @@ class Ledger:
         #: Failures recorded by earlier runs that this run runs again (see :meth:`retry_failed`):
         #: they stay recorded (in the checkpoint) until the id is committed or fails again.
         self.retrying: dict[int, TaskFailure] = {}
+
+    @property
+    def committed(self) -> RangeSet:
+        """Every committed id: this run's and the runs' it resumed."""
+        if self._recent:
+            self._fold()
+        return self._committed
+
+    def _fold(self) -> None:
+        self._committed.add_ranges(self._recent.ranges())
+        self._recent = RangeSet()
 
     def merge(self, other: Ledger) -> int:
         """Add what ``other`` committed and this ledger lacks (results included); return how many ids.
@@ -120,20 +136,26 @@ class Ledger:
 
     def commit(self, done: Iterable[tuple[int, int]], results: Iterable[tuple[int, Any]] = ()) -> int:
         """Commit finished ids and their results (a float, or ``width`` floats); return how many ids were new."""
-        committed = self.committed
+        committed, recent = self._committed, self._recent
         fresh_results: list[tuple[int, Any]] = []
         if results:
             seen: set[int] = set()
             for i, v in results:
                 # An id run twice (it was in flight at a rank that died) may bring two results
                 # in one batch: the first is kept, as for ids committed in earlier batches.
-                if i not in committed and i not in seen:
+                if i not in committed and i not in recent and i not in seen:
                     seen.add(i)
                     fresh_results.append((i, v))
         new = 0
         asked = 0
         for a, b in done:
-            new += committed.add(a, b)
+            x = a  # what [a, b) adds beyond the large set goes to the recent one
+            for c, d in committed.within(a, b):
+                if x < c:
+                    new += recent.add(x, c)
+                x = d
+            if x < b:
+                new += recent.add(x, b)
             asked += b - a
             if self.failed:
                 for tid in [t for t in self.failed if a <= t < b]:
@@ -148,22 +170,24 @@ class Ledger:
                 self.result_values.append(v)
             else:
                 self.result_values.extend(v)
+        if recent.n_ranges > 64 + (committed.n_ranges >> 3):
+            self._fold()
         self.commits += new
         return new
 
     @property
     def n_committed(self) -> int:
         """Ids committed, by this run and the runs it resumed."""
-        return len(self.committed)
+        return len(self._committed) + len(self._recent)
 
     @property
     def undecided(self) -> int:
         """Ids neither committed nor recorded failed (what a resume would run)."""
-        return self.total - len(self.committed) - len(self.failed)
+        return self.total - self.n_committed - len(self.failed)
 
     def complete(self) -> bool:
         """Whether every id in ``[0, total)`` is committed."""
-        return len(self.committed) == self.total
+        return self.n_committed == self.total
 
     def result_rows(self) -> list[Any]:
         """The committed results, one per result id (a float, or a tuple of ``width`` floats)."""
