@@ -69,6 +69,7 @@ COMPILED = (
     "roles/recovery.py",
     "roles/autoplan.py",
     "roles/loop.py",
+    "sim/heap.py",
     "sim/engine.py",
     "sim/waiters.py",
 )

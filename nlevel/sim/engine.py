@@ -41,6 +41,7 @@ from ..roles.server import LIMBO_GRACE
 from ..roles.station import Station
 from ..stats import RequestTimes, Summary
 from .faults import _DRAIN, _KILL, as_dict, check_faults, fault_handler
+from .heap import Event, pop, push
 from .waiters import Waiters
 
 __all__ = ["Costs", "SimBoards", "EngineResult", "Engine", "SimStalled"]
@@ -50,70 +51,6 @@ _ARRIVE: Final = 1
 _HANDLE: Final = 2
 _TICK: Final = 3
 
-
-
-class _Event:
-    """One pending event: at ``t``, ``kind`` for rank ``r``; ``seq`` orders events of one instant
-    as they were scheduled."""
-
-    __slots__ = ("t", "seq", "kind", "r", "payload")
-
-    def __init__(self, t: float, seq: int, kind: int, r: int, payload: Any) -> None:
-        self.t = t
-        self.seq = seq
-        self.kind = kind
-        self.r = r
-        self.payload = payload
-
-
-def _push(heap: list[_Event], e: _Event) -> None:
-    """Add ``e`` to the binary heap ``heap`` (ordered by ``(t, seq)``)."""
-    heap.append(e)
-    pos = len(heap) - 1
-    t, seq = e.t, e.seq
-    while pos > 0:
-        up = (pos - 1) >> 1
-        p = heap[up]
-        if t < p.t or (t == p.t and seq < p.seq):
-            heap[pos] = p
-            pos = up
-        else:
-            break
-    heap[pos] = e
-
-
-def _pop(heap: list[_Event]) -> _Event:
-    """Remove and return the earliest event of the non-empty heap ``heap``.
-
-    A heap of its own rather than :mod:`heapq` on tuples: compiled, its comparisons are of two
-    native floats, where heapq's compare two tuples through Python's protocol (a tenth of a
-    32,768-process simulation). Events are unique by ``(t, seq)``, so any correct heap pops
-    them in the same order.
-    """
-    last = heap.pop()
-    if not heap:
-        return last
-    top = heap[0]
-    n = len(heap)
-    t, seq = last.t, last.seq
-    pos = 0
-    child = 1
-    while child < n:
-        c = heap[child]
-        right = child + 1
-        if right < n:
-            rc = heap[right]
-            if rc.t < c.t or (rc.t == c.t and rc.seq < c.seq):
-                child = right
-                c = rc
-        if c.t < t or (c.t == t and c.seq < seq):
-            heap[pos] = c
-            pos = child
-            child = 2 * pos + 1
-        else:
-            break
-    heap[pos] = last
-    return top
 
 
 @dataclass(frozen=True)
@@ -288,7 +225,7 @@ class _Agenda:
     closure through Python's calling convention)."""
 
     def __init__(self, n: int, costs: Costs, stations: list[Station], outbox: list[tuple[int, Message]]) -> None:
-        self.heap: list[_Event] = []
+        self.heap: list[Event] = []
         self.seq = 0
         self.c = costs
         self.stations = stations
@@ -307,7 +244,7 @@ class _Agenda:
 
     def push(self, t: float, kind: int, r: int, payload: Any = None) -> None:
         self.seq += 1
-        _push(self.heap, _Event(t, self.seq, kind, r, payload))
+        push(self.heap, Event(t, self.seq, kind, r, payload))
 
     def schedule_tick(self, r: int, t: float) -> None:
         if t < self.tick_at[r]:
@@ -524,7 +461,7 @@ class Engine:
                 ag.schedule_tick(r, 0.0)
 
         while heap:
-            e = _pop(heap)
+            e = pop(heap)
             t, kind, r, payload = e.t, e.kind, e.r, e.payload
             if dead[r]:
                 continue  # (what was on its way to a dead rank, or its own next step)

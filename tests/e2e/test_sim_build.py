@@ -59,7 +59,7 @@ _NATIVE_CHECK = """
 import bisect, random, sys
 sys.path.insert(0, sys.argv[1])
 from nlevel import ranges
-from nlevel.sim import engine
+from nlevel.sim import heap as events
 assert ranges._NATIVE and ranges.__file__.endswith('.so'), ranges.__file__
 rng = random.Random(7)
 for _ in range(20000):
@@ -71,16 +71,16 @@ for _ in range(200):
     heap, want, seq = [], [], 0
     for _ in range(rng.randrange(1, 300)):
         if want and rng.random() < 0.4:
-            e = engine._pop(heap)
+            e = events.pop(heap)
             assert (e.t, e.seq) == min(want), ((e.t, e.seq), min(want))
             want.remove((e.t, e.seq))
         else:
             seq += 1
             t = float(rng.randrange(20))  # (ties: seq decides)
-            engine._push(heap, engine._Event(t, seq, 0, 0, None))
+            events.push(heap, events.Event(t, seq, 0, 0, None))
             want.append((t, seq))
     while want:
-        e = engine._pop(heap)
+        e = events.pop(heap)
         assert (e.t, e.seq) == min(want)
         want.remove((e.t, e.seq))
 print("ok")

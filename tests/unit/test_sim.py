@@ -230,19 +230,19 @@ def test_cli_malformed_number_is_argparse_exit_2(capsys):
 def test_the_engine_heap_pops_events_by_time_then_by_scheduling_order():
     import random
 
-    from nlevel.sim.engine import _Event, _pop, _push
+    from nlevel.sim.heap import Event, pop, push
 
     rng = random.Random(3)
     heap: list = []
     want: list = []
     for seq in range(1, 3000):
         if want and rng.random() < 0.45:
-            e = _pop(heap)
+            e = pop(heap)
             assert (e.t, e.seq) == min(want)
             want.remove((e.t, e.seq))
         else:
             t = float(rng.randrange(50))  # (many ties: the order they were scheduled in decides)
-            _push(heap, _Event(t, seq, 0, 0, None))
+            push(heap, Event(t, seq, 0, 0, None))
             want.append((t, seq))
-    out = [_pop(heap) for _ in range(len(want))]
+    out = [pop(heap) for _ in range(len(want))]
     assert [(e.t, e.seq) for e in out] == sorted(want) and not heap
