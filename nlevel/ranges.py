@@ -9,6 +9,7 @@ is a :class:`RangeSet`; messages carry ranges as tuples of ``(start, stop)`` pai
 from __future__ import annotations
 
 import bisect
+import types
 from typing import Final, Iterable, Iterator
 
 __all__ = ["Ranges", "RangeSet"]
@@ -20,12 +21,6 @@ bisect_right: Final = bisect.bisect_right
 #: Lists this short are searched one item at a time: most sets hold a range or two (what a
 #: child holds), and in the compiled simulator a call to :mod:`bisect` cost more than that.
 _SHORT: Final = 16
-
-#: Whether this module runs compiled (the simulator's build, :mod:`nlevel.sim.build`): then a
-#: binary search written here is a loop over native ints, three to ten times as fast as a call
-#: to :mod:`bisect` (which compares Python objects); interpreted, :mod:`bisect` is the fast one.
-_NATIVE: Final = not __file__.endswith(".py")
-
 
 def _after(xs: list[int], x: int, lo: int = 0) -> int:
     """``bisect_right(xs, x, lo)``."""
@@ -64,6 +59,13 @@ def _before(xs: list[int], x: int) -> int:
     while lo < n and xs[lo] < x:
         lo += 1
     return lo
+
+
+#: Whether this module runs compiled (the simulator's build, :mod:`nlevel.sim.build`: its
+#: functions are then not Python functions): a binary search written here is then a loop over
+#: native ints, three to ten times as fast as a call to :mod:`bisect` (which compares Python
+#: objects); interpreted, :mod:`bisect` is the fast one.
+_NATIVE: Final = not isinstance(_after, types.FunctionType)
 
 #: Wire form of an id collection: sorted, disjoint ``(start, stop)`` pairs.
 Ranges = tuple[tuple[int, int], ...]

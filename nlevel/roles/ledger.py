@@ -40,13 +40,13 @@ class Ledger:
     ) -> None:
         self.total = total
         self.width = width
-        self._committed = RangeSet(completed)
-        # Ids committed lately, apart from (and disjoint from) the large set until there are enough
-        # of them to merge in one pass: the master's set has a range per hole left by the tasks in
-        # flight (tens of thousands at 32,768 processes), and adding to it one range at a time
-        # moved its tail each time.
-        self._recent = RangeSet()
-        self.resumed = len(self._committed)
+        # (all committed ids, those committed lately): the second is kept apart from (and disjoint
+        # from) the first until there are enough to merge in one pass. The master's set has a range
+        # per hole left by the tasks in flight (tens of thousands at 32,768 processes), and adding to
+        # it one range at a time moved its tail each time. One attribute, replaced whole by a merge:
+        # the progress thread counts both without a lock.
+        self._sets = (RangeSet(completed), RangeSet())
+        self.resumed = len(self._sets[0])
         self.result_ids = array("q", result_ids)
         self.result_values = array("d", result_values)
         self.recomputed = 0
@@ -64,13 +64,15 @@ class Ledger:
     @property
     def committed(self) -> RangeSet:
         """Every committed id: this run's and the runs' it resumed."""
-        if self._recent:
+        if self._sets[1]:
             self._fold()
-        return self._committed
+        return self._sets[0]
 
     def _fold(self) -> None:
-        self._committed.add_ranges(self._recent.ranges())
-        self._recent = RangeSet()
+        committed, recent = self._sets
+        merged = committed.copy()
+        merged.add_ranges(recent.ranges())
+        self._sets = (merged, RangeSet())
 
     def merge(self, other: Ledger) -> int:
         """Add what ``other`` committed and this ledger lacks (results included); return how many ids.
@@ -136,7 +138,7 @@ class Ledger:
 
     def commit(self, done: Iterable[tuple[int, int]], results: Iterable[tuple[int, Any]] = ()) -> int:
         """Commit finished ids and their results (a float, or ``width`` floats); return how many ids were new."""
-        committed, recent = self._committed, self._recent
+        committed, recent = self._sets
         fresh_results: list[tuple[int, Any]] = []
         if results:
             seen: set[int] = set()
@@ -178,7 +180,8 @@ class Ledger:
     @property
     def n_committed(self) -> int:
         """Ids committed, by this run and the runs it resumed."""
-        return len(self._committed) + len(self._recent)
+        committed, recent = self._sets
+        return len(committed) + len(recent)
 
     @property
     def undecided(self) -> int:

@@ -52,7 +52,6 @@ _HANDLE: Final = 2
 _TICK: Final = 3
 
 
-
 @dataclass(frozen=True)
 class Costs:
     """The timing model's inputs (seconds).

@@ -3,7 +3,9 @@
 Compiled with the engine (:mod:`nlevel.sim.build`), its comparisons are of two native floats,
 where :mod:`heapq` on tuples compared each pair through Python's protocol (a tenth of a
 32,768-process simulation). Events are unique by ``(t, seq)``, so any correct heap pops them
-in the same order. Pure Python.
+in the same order. Interpreted (``--engine python``, the tests) it is the same code, slower
+than heapq's C per operation but not measurably in a run (512 processes x 10 tasks: 0.8 s
+either way), where the roles' own work dominates. Pure Python.
 """
 
 from __future__ import annotations

@@ -91,8 +91,8 @@ print("ok")
 @pytest.mark.skipif(not HAVE_BUILD, reason="needs mypy and a C compiler")
 @pytest.mark.timeout(900)
 def test_the_compiled_searches_and_event_heap_match_bisect_and_sorting(cache: Path) -> None:
-    # Compiled, ranges.py searches with its own loop and the engine keeps its own heap (neither
-    # runs interpreted): checked here against bisect and a sort, on the build itself.
+    # Compiled, ranges.py searches with its own loop (interpreted, it calls bisect) and the engine
+    # keeps its own heap: both checked here against bisect and a sort, on the build itself.
     env = env_with(cache)
     where = subprocess.run([sys.executable, "-c", "from nlevel.sim.build import build; print(build())"],
                            capture_output=True, text=True, env=env, timeout=900)
@@ -144,3 +144,23 @@ def test_the_build_compiles_frozen_dataclasses_as_plain_hashable_ones(tmp_path: 
     assert src.read_text() == ("@dataclass(slots=True, unsafe_hash=True)\nclass A:\n    x: int\n\n\n"
                                "@dataclass(unsafe_hash=True)\nclass B:\n    y: int\n\n\n@dataclass(slots=True)\nclass C:\n    z: int\n")
     assert "@dataclass(frozen=True" in (Path(sim_build.__file__).parent.parent / "roles" / "events.py").read_text()
+
+
+def test_the_build_writes_out_the_init_of_plain_dataclasses(tmp_path: Path) -> None:
+    # (dataclass's generated __init__ is interpreted even in a compiled class; one in the class is compiled)
+    src = ("from dataclasses import dataclass, field\n\n\n"
+           "@dataclass(slots=True, unsafe_hash=True)\nclass A:\n    \"\"\"Doc.\"\"\"\n\n    x: int\n    y: tuple[int, ...] = ()\n"
+           "    z: float = 0.5\n\n    def twice(self) -> int:\n        return 2 * self.x\n\n\n"
+           "@dataclass\nclass B:\n    y: list[int] = field(default_factory=list)\n\n\n"
+           "@dataclass\nclass C(A):\n    w: int = 0\n")
+    out = sim_build._with_inits(src)
+    assert out.count("def __init__") == 1  # A only: B has a field(), C a base
+    space: dict[str, object] = {}
+    exec(compile(out, "m.py", "exec"), space)
+    plain: dict[str, object] = {}
+    exec(compile(src, "m.py", "exec"), plain)
+    A, A0 = space["A"], plain["A"]
+    a, a0 = A(3, (1,)), A0(3, (1,))  # type: ignore[operator]
+    assert (a.x, a.y, a.z, a.twice()) == (a0.x, a0.y, a0.z, a0.twice()) == (3, (1,), 0.5, 6)
+    assert repr(a) == repr(a0) and a == A(x=3, y=(1,), z=0.5) and hash(a) == hash(A(3, (1,)))  # type: ignore[operator]
+    assert "def __init__(self, x: int, y: tuple[int, ...] = (), z: float = 0.5) -> None:" in out
