@@ -122,7 +122,9 @@ def fault_handler(engine: Any, stations: list[Station], loops: list[Loop], push:
                 request = DrainRequest(f"sim-drain-{k}", count=count)
             else:
                 h = stations[m].hierarchy
-                slaves = [x for x in range(n) if h[x].role.value == "slave" and not dead[x] and not ended[x]]
+                drained = stations[m].drained  # (asked to leave already, perhaps still running its last range)
+                slaves = [x for x in range(n) if h[x].role.value == "slave" and not dead[x] and not ended[x]
+                          and x not in drained]
                 if not slaves:
                     return  # (the job's slaves have all ended: nothing to drain)
                 take = min(-count, len(slaves))

@@ -230,6 +230,15 @@ def test_a_spread_drain_takes_slaves_from_every_region(capsys):
     assert len(json.loads(capsys.readouterr().out)["drained"]) == 3
 
 
+def test_a_spread_drain_after_another_drain_picks_only_ranks_not_drained_yet():
+    # The first drain's ranks may still run their last range when the second comes: a spread drain
+    # that picked one of them was refused whole by the master ("drained already"), draining nothing.
+    r, total = run(16, PLAN, drains=[(0.02, 6), (0.021, -3)], ft=False)
+    exactly_once(r, total)
+    ranks = [rank for _, rank in r.drained]
+    assert len(ranks) == 9 and len(set(ranks)) == 9
+
+
 def test_draining_a_whole_region_of_a_deep_tree_costs_what_it_costs_a_shallow_one():
     # The 64 highest slaves of 256 (all of the last level-1 region's, 4 x 4 below the master) leave
     # at 30 s of a 2-5 s job. Its region-masters, left computing, kept the region's stock and ran it
