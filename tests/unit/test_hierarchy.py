@@ -126,14 +126,24 @@ def test_a_whole_dead_first_block_hands_the_world_to_the_next_leader():
     assert h.summary()["ranks_per_level"] == [1, 0, 2]
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.integers(2, 60), st.sampled_from([(2, ()), (3, (2,)), (3, (3,)), (4, (2, 2))]), st.data())
-def test_failures_keep_a_tree_over_exactly_the_survivors(size, shape, data):
-    levels, regions = shape
-    plan = Plan(levels=levels, regions=regions)
+SHAPES = st.sampled_from([(2, ()), (3, (2,)), (3, (3,)), (4, (2, 2))])
+
+
+def fits(size: int, shape: tuple[int, tuple[int, ...]]) -> Plan | None:
+    """The plan of ``shape`` if ``size`` ranks can run it, else None."""
+    plan = Plan(levels=shape[0], regions=shape[1])
     try:
         build(size, plan)
     except PlanError:
+        return None
+    return plan
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 60), SHAPES, st.data())
+def test_failures_keep_a_tree_over_exactly_the_survivors(size, shape, data):
+    plan = fits(size, shape)
+    if plan is None:
         return
     failed = frozenset(data.draw(st.sets(st.integers(0, size - 1), max_size=size - 1)))
     h = build(size, plan, failed)
@@ -178,14 +188,12 @@ def test_a_drained_rank_that_died_is_dead():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(2, 60), st.sampled_from([(2, ()), (3, (2,)), (3, (3,)), (4, (2, 2))]), st.data())
+@given(st.integers(2, 60), SHAPES, st.data())
 def test_failed_and_drained_ranks_keep_a_tree_of_the_others_under_the_lowest_survivor(size, shape, data):
-    levels, regions = shape
-    plan = Plan(levels=levels, regions=regions)
-    try:
-        build(size, plan)
-    except PlanError:
+    plan = fits(size, shape)
+    if plan is None:
         return
+    levels = plan.levels
     failed = frozenset(data.draw(st.sets(st.integers(0, size - 1), max_size=size - 1)))
     out = frozenset(data.draw(st.sets(st.integers(0, size - 1), max_size=size)))
     h = build(size, plan, failed, out)
