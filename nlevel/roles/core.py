@@ -28,7 +28,6 @@ from .recovery import Reconciliation
 from .master import Master
 from .region import Region
 from .server import LEAF, Boards, Server, Sizing
-from .suspects import among
 from .worker import State, Worker
 
 __all__ = ["StationCore", "TIMELINE_BIN"]
@@ -113,9 +112,6 @@ class StationCore:
         self.reserve = 0  # the master: its mark, copied to the deputy with every Mirror
         self.mirror_fresh = -1  # the deputy: the master's mark (-1: not known)
         self.free = RangeSet()  # a new master: the ids above its predecessor's mark, queued on its next tick
-        # Suspect ids (see nlevel.roles.suspects) this rank's server holds back until the rest of its
-        # queue is out: on resume and after a death they went out first (see suspects_last).
-        self.later = RangeSet()
         self.mirrored_failures = 0
         self.mirror_to: int | None = None
         self.deferred: deque[tuple[int, Message]] = deque()
@@ -269,11 +265,9 @@ class StationCore:
         outs: list[Effect] = []
         if isinstance(d, Region):
             if d.everyone_left() and not d.gone:
-                self.unhold(d)  # (its whole stock goes back up)
                 return self.report_up(d.leave(now), d.parent)
             d.refill(now)
         if not self.final:
-            self.suspects_last(d)
             d.publish(now)
         if isinstance(d, Region):
             if d.flush_due(now):
@@ -291,34 +285,6 @@ class StationCore:
             self.final_asked = True  # the last checkpoint first; FINAL when it is on disk
             outs.append(WriteCheckpoint(final=True))
         return outs
-
-    def suspects_last(self, d: Server) -> None:
-        """Hold ``d``'s suspect ids back (:attr:`later`) while ordinary ids are still to go out; queue
-        them once ``d``'s queue has no other id and nothing more comes from above (the master: at once;
-        a region-master: once its parent's board said everything is out, see ``Server.drains``). Then
-        they go out as before: alone, one per range.
-
-        A suspect may be a task that kills or hangs its rank. Handed out first (a resumed queue is
-        in id order, and a dead slave's ids came back to the front of its parent's queue), such a
-        task took a rank out at the very start of a job, or again at once, and the rest of the job
-        ran a rank short.
-        """
-        later = self.later
-        queue = d.queue
-        if queue and d.suspects:
-            kept = among(queue, d.suspects)
-            if kept:
-                queue.remove_ranges(kept)
-                later.add_ranges(kept)
-        if later and not queue and d.drains:
-            queue.add_ranges(later.ranges())
-            self.later = RangeSet()
-
-    def unhold(self, d: Server) -> None:
-        """The suspects held back go back to ``d``'s queue (it gives its queue away, or stops)."""
-        if self.later:
-            d.queue.add_ranges(self.later.ranges())
-            self.later = RangeSet()
 
     def finish_job(self) -> list[Effect]:
         """The master's final checkpoint is written: release everyone (FINAL on the boards)."""

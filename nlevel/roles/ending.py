@@ -20,20 +20,17 @@ and fail when one dies during them):
   killed, then handled like any death (the job does not wait for it).
 * The master, once every live child's Ending is in, has every surviving rank's row and
   statistics: it writes the last checkpoint and calls :meth:`Closing.release`, which tells
-  the deputy first (with the report's facts and, under fault tolerance, every rank's row and
-  the merged statistics) and then every rank, the deputy last. Some releases wait for the
-  master's last work (its report), sent by :meth:`Closing.release_deputy`: the deputy's under
-  fault tolerance, everyone's when a rank was given up without it. A deputy told that the
-  master was releasing, whose master then dies, releases the others itself and writes the
-  whole report from what the master sent it (:meth:`Closing.end_payload`): the rows were
-  lost with the master when each went only up the tree.
+  the deputy first (with the report's facts) and then every rank, the deputy last. Some
+  releases wait for the master's last work (its report), sent by :meth:`Closing.release_deputy`:
+  the deputy's under fault tolerance, everyone's when a rank was given up without it. A
+  deputy told that the master was releasing, whose master then dies, releases the others itself.
 
 A rank's loop runs until it is released (:attr:`Closing.released`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 from ..stats import RequestTimes, Summary
 from .core import StationCore
@@ -43,11 +40,7 @@ from .recovery import deputy
 from .region import Region
 from .worker import State
 
-__all__ = ["Closing", "ROWS_MAX", "merge_stats", "own_stats", "told_first"]
-
-#: The report lists every rank's row in jobs of up to this many ranks (beyond, none: the
-#: deputy is not sent them either).
-ROWS_MAX: Final = 4096
+__all__ = ["Closing", "merge_stats", "own_stats"]
 
 
 def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -68,21 +61,6 @@ def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "failures": a.get("failures", []) + b.get("failures", []),
         "timeline": {**a.get("timeline", {}), **b.get("timeline", {})},
     }
-
-
-def told_first(effects: list[Effect]) -> int:
-    """How many of :meth:`Closing.release`'s ``effects`` tell the deputy, before anyone is released."""
-    n = 0
-    for e in effects:
-        if not (isinstance(e, Send) and isinstance(e.msg, Release) and e.msg.pending):
-            break
-        n += 1
-    return n
-
-
-def _failure_key(record: dict[str, Any]) -> tuple[Any, ...]:
-    """One death as one rank recorded it (the same record may come twice: mirrored, and in an Ending)."""
-    return record["rank"], record["detected_by"], record["detected_at"]
 
 
 def own_stats(st: StationCore) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -214,58 +192,22 @@ class Closing(StationCore):
         """Every rank's row (by rank) and the merged statistics, from the Endings in (the master;
         also after the release, which need not wait for the merge).
 
-        ``partial``: a deputy that finished the release of a master that died: what the master
-        sent it as it released the job (:meth:`release`), with the deaths recorded here since;
-        when it sent nothing (without fault tolerance), only the Endings this rank has (the
-        others' went to the dead).
+        ``partial``: only the Endings this rank has (a deputy that finished the release of a
+        master that died: the others' Endings went to the dead).
         """
-        whole = self.pending_release.ending if partial and self.pending_release is not None else None
-        if whole is not None:
-            return self._inherited(whole)
         children = self._live_children()
         if partial:
             children = [c for c in children if c in self.endings]
         rows, stats = self._payload(children)
         return sorted(rows, key=lambda r: r["rank"]), stats
 
-    def _inherited(self, whole: Ending) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """The master's rows and statistics at its release, with the failures recorded here that
-        they lack (the master's own death first of all; this rank's earlier records, and those
-        mirrored from the master, are in them already)."""
-        stats = dict(whole.stats)
-        had = list(stats.get("failures", []))
-        seen = {_failure_key(f) for f in had}
-        stats["failures"] = had + [f for f in (r.to_dict() for r in self.failures) if _failure_key(f) not in seen]
-        return sorted(whole.rows, key=lambda r: r["rank"]), stats
-
-    def written_by(self) -> dict[str, Any]:
-        """A rank that finished a dead master's release: the report's ``written_by`` (who wrote it, from what)."""
-        whole = self.pending_release is not None and self.pending_release.ending is not None
-        return {"rank": self.rank, "why": "the master died after releasing the job; its deputy finished the release "
-                "and wrote this report" + (", with every rank's statistics as the master sent them with the release"
-                                           if whole else " (the other ranks' statistics were lost with the master)")}
-
     def release(self, code: int, report: dict[str, Any] | None) -> list[Effect]:
-        """The master: end the job for everyone; ``code`` is the status processes end with after failures.
-
-        The deputy is told first. Under fault tolerance a second pending Release follows, with
-        every rank's row and the merged statistics, before anyone is released (the first
-        :func:`told_first` effects: the runtime sees them delivered before it sends the rest, so
-        a master that dies at any point of its release leaves them behind). It is a message of
-        its own because a large one reaches its receiver only while its sender lives to send it,
-        and the small one must arrive however the master dies: without it, the deputy would take
-        the ranks the master released, which exit, for deaths. A rank that finishes a dead
-        master's release passes on what it got.
-        """
+        """The master: end the job for everyone; ``code`` is the status processes end with after failures."""
         failed = tuple(sorted(self.failed))
         dep = deputy(self.hierarchy)
         outs: list[Effect] = []
         if dep is not None:
             outs.append(Send(dep, Release(code, failed, report, pending=True)))
-            if self.ft:
-                rows, stats = self.end_payload(partial=True)  # (every live rank's Ending is in by now)
-                whole = Ending(tuple(rows) if len(rows) <= ROWS_MAX else (), stats)
-                outs.append(Send(dep, Release(code, failed, report, pending=True, ending=whole)))
         others = sorted((r for r in range(self.size) if r not in self.failed and r not in (self.rank, dep)),
                         reverse=True)
         rest = [Send(r, Release(code, failed)) for r in others]

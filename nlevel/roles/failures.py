@@ -339,7 +339,6 @@ class Failures(StationCore):
             # Every child died: no region left to serve. Its ids go back up; its own loop goes on.
             assert info.parent is not None
             d.close_boards(0, now)
-            self.unhold(d)
             returned = d.queue.copy()
             returned.add_ranges(d.up_returned.ranges())
             own = d.children.get(self.rank)
@@ -390,7 +389,7 @@ class Failures(StationCore):
                 new._gone(child)
         new.held_total = sum(len(ch.held) for ch in new.children.values())
         # (Not its `settled`: what it passed up went to the master that died; the ledger decides now.)
-        new.task_max, new.deaths, new.task_mean, new.suspects = old.task_max, old.deaths, old.task_mean, old.suspects
+        new.task_max, new.deaths, new.task_mean = old.task_max, old.deaths, old.task_mean
         if old.up_done:
             new.ledger.commit(old.up_done.ranges(), old.up_results)
         for f in old.up_failed:
@@ -416,7 +415,6 @@ class Failures(StationCore):
             held.add_ranges(w.holding().ranges())
         if d is not None:
             held.add_ranges(d.queue.ranges())
-            held.add_ranges(self.later.ranges())  # (suspects held back: see suspects_last)
             held.add_ranges(d.published().ranges())
             for ch in d.children.values():
                 held.add_ranges(ch.held.ranges())
@@ -443,7 +441,6 @@ class Failures(StationCore):
             assert isinstance(d, Master)
             question = d.ledger.remaining()
             question.remove_ranges(d.queue.ranges())
-            question.remove_ranges(self.later.ranges())
             question.remove_ranges(d.published().ranges())
             question.remove_ranges(d.carried.ranges())
             for ch in d.children.values():

@@ -282,15 +282,12 @@ class Release:
     """Master to every rank: the job is over. ``code``: the exit status the processes end with
     after failures; ``failed``: the ranks that died or were given up; ``report``: to the deputy
     only, before anyone is released (a master dying while it releases leaves the report behind);
-    ``pending``: the deputy is told, not yet released; ``ending``: in a second pending Release
-    under fault tolerance, every rank's row and the merged statistics as the master has them
-    (the whole job's :class:`Ending`: a deputy that finishes the release writes the whole report)."""
+    ``pending``: the deputy is told, not yet released."""
 
     code: int
     failed: tuple[int, ...] = ()
     report: dict[str, Any] | None = None
     pending: bool = False
-    ending: Ending | None = None
 
 
 Message = Union[Report, Regroup, Ack, Holding, Mirror, Drain, KillRequest, BoardOp, BoardReply, Gone, Heartbeat,

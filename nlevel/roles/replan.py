@@ -58,7 +58,6 @@ class Replanning(Failures):
         new.queue, new.aside, new.stopped, new.high = queue, aside, stopped, old.high
         new.carried = carried
         new.task_mean, new.task_max, new.deaths, new.timeouts = old.task_mean, old.task_max, old.deaths, old.timeouts
-        new.suspects = old.suspects  # (still alone, and still last: see suspects_last)
         if not self.draining[self.epoch - 1]:
             del self.draining[self.epoch - 1]
         regroup = Regroup(self.epoch, plan, tuple(sorted(out)))
@@ -74,7 +73,6 @@ class Replanning(Failures):
         d = self.server
         if isinstance(d, Region):
             d.close_boards(CLOSED, self.clock())
-            self.unhold(d)
             returned = d.queue.copy()
             returned.add_ranges(d.up_returned.ranges())
             if d.up_done or returned or d.up_failed or d.up_tasks:

@@ -264,7 +264,6 @@ class Station(Replanning, Closing, Watching):
         if not isinstance(d, Master):
             return []
         self.stop_reason = self.stop_reason or reason
-        self.unhold(d)  # (set aside with the rest of the queue)
         d.stop(self.clock())
         return self.serve()
 

@@ -4,9 +4,7 @@ One of them may be what killed (or hung) its process. Handed out with the ids be
 would take them along each time: counted as deaths (or timeouts) with it, they would be
 quarantined with it although they never ran. So a suspect goes out alone, one per range
 (:func:`isolate`), and only on a board whose claimers are this server's own (:func:`among`
-finds the suspects a block for a sub-region must leave out). And it goes out last: its server's
-station holds it back until every other id is out (``StationCore.suspects_last``), so a task that
-kills its rank does not do so first thing in a resumed job. Pure functions over
+finds the suspects a block for a sub-region must leave out). Pure functions over
 :class:`~nlevel.ranges.RangeSet`.
 """
 

@@ -22,8 +22,7 @@ HDF5 layout (format ``FORMAT_VERSION`` = 1)::
                                     "died", "timeout"), attempts, rank, host, error, traceback;
                                     absent in files written before it existed (read as empty)
     /timeouts       (T, 2) int64   id, times a rank holding it ran past --task-timeout (they
-                                    count toward its quarantine in the next run, which hands the
-                                    id out last, alone in its range); absent when none
+                                    count toward its quarantine in the next run); absent when none
 
 Crash safety: :func:`write` builds the file under a temporary name in the same directory
 (``<name>.tmp-<pid>-<n>``), fsyncs it, ``os.replace``-s it over the target and fsyncs the

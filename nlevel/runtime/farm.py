@@ -27,7 +27,6 @@ from .._version import __version__
 from ..config import Config
 from ..errors import ConfigError, NlevelError
 from ..model.hierarchy import Hierarchy, build
-from ..roles.ending import told_first
 from ..roles.events import Ran
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
@@ -449,8 +448,8 @@ class FarmRuntime:
         self.released_code = int(released.code)
         error: BaseException | None = self.port.checkpoint_error
         # The master died after releasing some ranks (its final checkpoint written first): its
-        # deputy released the rest and writes the report, from every rank's rows and statistics
-        # that the master sent it with its release (see nlevel.roles.ending), and its own records.
+        # deputy released the rest and writes the report, from what it has (the dead master's
+        # recoveries were mirrored to it; every dead rank is listed; the others' rows are lost).
         successor = st.finished_release
         if successor:
             self.released_at = time.time()
@@ -460,7 +459,9 @@ class FarmRuntime:
             assert st.ledger is not None
             self.report = self._report(rows, totals, st.ledger)
             if successor:
-                self.report["written_by"] = st.written_by()
+                self.report["written_by"] = {
+                    "rank": st.rank, "why": "the master died after releasing the job; its deputy finished the "
+                    "release and wrote this report (the other ranks' statistics were lost with the master)"}
             if error is not None:
                 self.report["checkpoint_error"] = str(error)
         if self.recorder is not None:
@@ -489,11 +490,15 @@ class FarmRuntime:
         the end would build it, is given to :attr:`on_forced_end`. Called in the server thread,
         which holds the runner's lock; the process exits right after."""
         st = self.station
-        assert st.ledger is not None  # (the last rank is the master)
+        ledger = st.ledger
+        if ledger is None:
+            return
         self.released_code, self.released_at = status, time.time()
-        report = self.report = self._report(*st.end_payload(partial=True), st.ledger)  # (its own row alone)
+        rows, totals = st.end_payload(partial=True)  # (its own row: no other rank is left)
+        report = self._report(rows, totals, ledger)
         if self.port.checkpoint_error is not None:
             report["checkpoint_error"] = str(self.port.checkpoint_error)
+        self.report = report
         if self.recorder is not None:
             self.recorder.close(finished=True, complete=bool(report.get("complete")))
         if self.on_forced_end is not None:
@@ -540,12 +545,7 @@ class FarmRuntime:
         sys.stderr.write(failed_lines(failed))
         sys.stderr.flush()
         code = ledger_status(ledger, stopped=st.stopped, error=error is not None)
-        outs = st.release(code, {"complete": complete, "failed": failed})
-        k = told_first(outs)
-        self.loop.perform(outs[:k])
-        if k > 1:  # (every rank's rows, to the deputy: a send that large completes only while its sender lives)
-            self.t.flush(timeout=5.0)
-        self.loop.perform(outs[k:])
+        self.loop.perform(st.release(code, {"complete": complete, "failed": failed}))
         self._released_all, self._closing, self.released_at = True, error, time.time()
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:

@@ -12,7 +12,6 @@ from .._version import __version__
 from ..config import Config
 from ..model.hierarchy import Hierarchy, build
 from ..roles.core import TIMELINE_BIN
-from ..roles.ending import ROWS_MAX
 from ..roles.ledger import Ledger
 from ..roles.messages import FailureRecord
 from ..stats import RequestTimes, Summary
@@ -178,7 +177,7 @@ def build_report(
         "requests": {
             _level_name(level, levels): {"level": level, **rt.to_dict()} for level, rt in sorted(by_level.items())
         },
-        "per_rank": per_rank if size <= ROWS_MAX else [],
+        "per_rank": per_rank if size <= 4096 else [],
         "placement": machine.placement(totals["hosts"]) if totals.get("hosts") else None,
         "checkpoint": None,
     }

@@ -61,9 +61,7 @@ def test_a_master_that_dies_after_releasing_the_job_is_reported_by_its_deputy(tm
     """Issue 14: the master's death between its release and its report file; the deputy writes the report.
 
     KILL-REPORT: the master's end was done and only the file was left to write (its deputy
-    was released before the file was written, and nobody wrote one). The report is whole: every
-    rank's row and every task's time, which the master sent the deputy with its release (they
-    went only up the tree, and the deputy's report had its own row alone).
+    was released before the file was written, and nobody wrote one).
     """
     proc, report, runs = run_job(tmp_path, mpi_env, 4, ["--n", "200", "--levels", "2",
                                                          "--die-task", "-1", "--master-after-release", how])
@@ -72,9 +70,6 @@ def test_a_master_that_dies_after_releasing_the_job_is_reported_by_its_deputy(tm
     assert report is not None, proc.stderr[-3000:]
     assert report["complete"] and report["committed"] == 200
     assert report["written_by"]["rank"] == 1, report.get("written_by")
-    assert "every rank's statistics" in report["written_by"]["why"], report["written_by"]
-    assert [r["rank"] for r in report["per_rank"]] == [0, 1, 2, 3], report["per_rank"]
-    assert sum(r["tasks"] for r in report["per_rank"]) == report["tasks"]["run"] == 200
     assert len(report["job"]) == 32  # (the job's id, every rank's: how a deputy tells this job's report)
     assert [f["rank"] for f in report["failures"]] == [0] and report["failures"][0]["role"] == "master"
     assert completed_ids(tmp_path / "run.h5") == set(range(200))

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from nlevel.config import Config
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
-from nlevel.roles.ledger import Ledger
 from nlevel.testing.network import LocalBoards, Network
 
 PLANS = [
@@ -350,70 +349,3 @@ def test_drained_ranks_stay_out_when_a_death_follows_a_switch(seed, victim):
     assert state["killed"]
     check(out, total)
     _drained_stay_out(out, {3, 5})
-
-
-def _order(net):
-    """Record the order in which ``net``'s tasks start (an id that runs twice appears twice)."""
-    order: list[int] = []
-    orig = net.user_step
-
-    def user_step(r, u):
-        if u.hand is not None and (u.leave_after is None or u.ran < u.leave_after):
-            order.append(u.next_id)
-        orig(r, u)
-
-    net.user_step = user_step
-    return order
-
-
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("size,plan", [(8, Plan(2)), (9, Plan(3, (2,)))])
-def test_a_resumed_suspect_goes_out_after_every_ordinary_id(seed, size, plan):
-    """Issue 14: on resume, an id past --task-timeout in an earlier run (a suspect: it may kill or hang
-    its rank) went out first, so such a task took a rank out at the very start of the job. It goes out
-    once every other id has been handed out, alone in its range."""
-    total = 300
-    ledger = Ledger(total, ((0, 17), (30, 40)))
-    ledger.timeouts = {17: 1, 41: 1}
-    config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance="on", chunk=1)
-    net = Network(size, plan, total, seed, config=config, ledger=ledger)
-    order = _order(net)
-    out = net.run()
-    assert out.ledger.complete() and all(n == 1 for n in out.executed.values())
-    to_run = total - 27
-    slack = 4 * size + size  # (ordinary ids published before them, and in the other ranks' hands)
-    for tid in (17, 41):
-        assert order.index(tid) >= to_run - slack, (tid, order.index(tid), order[:10])
-
-
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("size,plan,victim", [(8, Plan(2), 5), (9, Plan(3, (2,)), 7), (9, Plan(3, (2,)), 2)])
-def test_ids_a_dead_slave_held_go_out_after_the_ids_never_handed_out(seed, size, plan, victim):
-    """Issue 14: a dead slave's ids are suspects (one of them may have killed it): requeued at its
-    parent, they went out before the ids never handed out. Now after them, each alone."""
-    total = 400
-    config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance="on", chunk=1)
-    net = Network(size, plan, total, seed, config=config)
-    order = _order(net)
-    held: list[int] = []
-    died = []
-    orig = net.step
-
-    def step(user_step=None):
-        u = net.users.get(victim)
-        if not died and len(order) >= 40 and u is not None and u.hand is not None and u.next_id == u.hand[0]:
-            died.append(len(order))  # (its range taken, none of it run: it must run again)
-            h = net.stations[victim].holding()
-            h.remove_ranges(net.stations[0].ledger.committed.ranges())
-            held.extend(h)
-            net.die(victim)
-        return orig(user_step)
-
-    net.step = step
-    out = net.run()
-    check(out, total)
-    assert held
-    again = [(tid, i) for i, tid in enumerate(order) if i >= died[0] and tid in held]
-    assert again  # (what it held ran again) ...
-    slack = 4 * size + size
-    assert all(i >= total - slack for tid, i in again), (again, total - slack)  # ... once the rest had gone out
