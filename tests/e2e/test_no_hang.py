@@ -174,7 +174,9 @@ def test_a_one_process_script_whose_task_hangs_ends_itself(tmp_path, mpi_env, ft
         assert "loop over" not in proc.stdout
         _, snap, _ = ckpt.read(tmp_path / "run.h5")
         assert dict(snap.timeouts) == {5: run} and not snap.failed
-        assert completed_ids(tmp_path / "run.h5") == (set(range(5)) if run == 1 else set(range(20)) - {5})
+        done = completed_ids(tmp_path / "run.h5")
+        # (run 2: the suspect id 5 goes out first on resume; never committed)
+        assert 5 not in done and set(range(5)) <= done, done
 
 
 @pytest.mark.timeout(60)
