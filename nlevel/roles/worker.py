@@ -151,6 +151,8 @@ class Worker:
         self.state = State.LEFT
         back = self.queue
         back.add_ranges(unstarted)
+        if self.hand is not None:  # (the loop runs its hand in pieces: what it had not started of it)
+            back.add(*self.hand)
         self.queue = RangeSet()
         self.hand = None
         return self.report(now, returned=back.ranges(), leaving=True)

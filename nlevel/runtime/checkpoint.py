@@ -52,7 +52,7 @@ from nlevel.runtime.identity import covers, differences, fingerprint, identity_e
 from nlevel.roles.ledger import Ledger
 from nlevel.roles.messages import TaskFailure
 
-__all__ = ["FORMAT_VERSION", "RunMeta", "Snapshot", "covers", "differences", "fingerprint", "load", "read",
+__all__ = ["FORMAT_VERSION", "RunMeta", "Snapshot", "covers", "differences", "fingerprint", "h5", "load", "read",
            "resume", "start_over", "write", "Writer"]  # (covers .. start_over: from nlevel.runtime.identity)
 
 FORMAT_VERSION = 1
@@ -207,16 +207,16 @@ def _move_aside(path: Path) -> Path:
     raise AssertionError("unreachable")
 
 
-def _h5() -> Any:
-    """h5py, imported when a checkpoint is first read or written (it costs ~0.1 s: a job without
-    a checkpoint should not pay it before its first id)."""
+def h5() -> Any:
+    """h5py, imported when a checkpoint is first read or written, or by the deputy before it may
+    have to take over (it costs ~0.1 s: a job without a checkpoint should not pay it before its first id)."""
     import h5py
 
     return h5py
 
 
 def _failed_dtype() -> np.dtype[Any]:
-    text = _h5().string_dtype()
+    text = h5().string_dtype()
     return np.dtype([("id", np.int64), ("kind", text), ("attempts", np.int64), ("rank", np.int64),
                      ("host", text), ("error", text), ("traceback", text)])
 
@@ -238,13 +238,13 @@ def _read_failed(rows: np.ndarray) -> tuple[TaskFailure, ...]:
 def _read(path: Path) -> tuple[RunMeta, Snapshot, dict[str, Any]]:
     corrupt = f"checkpoint {path} is corrupt or truncated"
     try:
-        is_hdf5 = _h5().is_hdf5(path)
+        is_hdf5 = h5().is_hdf5(path)
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
     if not is_hdf5:
         raise CheckpointError(f"checkpoint {path} is not an HDF5 file; {_NOT_OURS}")
     try:
-        with _h5().File(path, "r") as f:
+        with h5().File(path, "r") as f:
             a = f.attrs
             if _ROOT_MARK not in a:
                 raise CheckpointError(f"{path} is an HDF5 file but not an nlevel checkpoint "
@@ -358,7 +358,7 @@ def _previous_created(path: Path, meta: RunMeta) -> str | None:
     if not path.exists():
         return None
     try:
-        with _h5().File(path, "r") as f:
+        with h5().File(path, "r") as f:
             a = dict(f.attrs)
     except Exception as e:
         raise CheckpointError(f"refusing to replace {path}: it is not a readable nlevel "
@@ -399,7 +399,7 @@ def write(path: str | os.PathLike[str], meta: RunMeta, snap: Snapshot) -> None:
     created = _previous_created(p, meta) or now
     tmp = _temp_name(p)
     try:
-        with _h5().File(tmp, "x") as f:
+        with h5().File(tmp, "x") as f:
             f.attrs.update({_ROOT_MARK: FORMAT_VERSION, "total": meta.total,
                             "fingerprint": meta.fingerprint,
                             "fingerprint_source": meta.fingerprint_source, "plan": meta.plan,

@@ -37,7 +37,8 @@ __all__ = ["MpiPort", "Runner", "clock"]
 
 clock = time.perf_counter
 
-#: A slave that never waits for ids still looks at its messages between two ranges, at most
+#: A slave that never waits for ids still looks at its messages between two tasks (the user's
+#: loop runs its hand in pieces of about this many seconds, see ``Farm``), at most
 #: this often (seconds): under fault tolerance (a new master waits for every survivor's
 #: answer) ...
 SLAVE_LOOK_FT = 0.01
@@ -244,6 +245,10 @@ class Runner:
         #: Called after each step of a serving loop, under the lock (the master: release everyone
         #: as soon as the last rank has ended, without waiting for its own user loop to notice).
         self.after_step: Callable[[], None] = _nothing
+        #: Called once, outside the lock, when this rank first holds a copy of the master's ledger
+        #: (it is the deputy): what a takeover needs, prepared before one is needed (importing h5py,
+        #: 30-100 ms, was most of a new master's recovery).
+        self.on_deputy: Callable[[], Any] | None = None
 
     # -- the server's side ------------------------------------------------------------------
     def _threaded(self) -> bool:
@@ -288,6 +293,7 @@ class Runner:
             period = base if busy else min(period * 2, self.config.poll_max if ending else self.period_max)
             if self._wake.wait(period):
                 self._wake.clear()
+            self._prepare()
 
     def _demand(self) -> bool:
         d = self.station.server
@@ -315,6 +321,7 @@ class Runner:
         if st.worker is None:
             self.serve()  # a serve-only server: its loop is the job's
             return None
+        self._prepare()
         with self.lock:
             th = self._thread
             if th is None or not th.is_alive():  # (a server thread whose serving is over has ended)
@@ -322,12 +329,17 @@ class Runner:
                 if st.server is not None or now - self._last_tick >= self.look:
                     # A server with no thread (one process) steps here: its checkpoint, signals and
                     # operators. A slave busy with ids hears its messages (a drain, a plan change, a
-                    # dead master) between ranges, at most every `look` seconds: not only when it waits.
+                    # dead master) between pieces of its hand, every `look` seconds: not only when it waits.
                     self._last_tick = now
                     if ran is not None:
                         loop.handle(ran)  # (what ran is recorded before what the messages say)
                         ran = None
                     loop.step()
+                    if st.ft:
+                        # Open MPI's probe that finds nothing progresses the transfers after it
+                        # looked: what it pulled in is found only by the next probe, a look later
+                        # (measured: a survivor read a question 10-20 ms after it came).
+                        loop.receive()
                     # A slave that has just become a server (it took over from a dead master, or a
                     # plan change made it one) serves from now on, not only between its own ranges:
                     # a new master that answered the survivors and stocked its board once per range
@@ -347,6 +359,13 @@ class Runner:
                 if hand is not None or st.ended:
                     return hand
             backoff.wait()
+
+    def _prepare(self) -> None:
+        """Run :attr:`on_deputy` once this rank is the deputy."""
+        f = self.on_deputy
+        if f is not None and self.station.mirror is not None:
+            self.on_deputy = None
+            f()
 
     def _serving(self) -> bool:
         """Whether a server thread runs this rank's loop (started anew when a plan change or a

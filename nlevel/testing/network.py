@@ -177,13 +177,17 @@ class Network:
         exits: Ids whose task makes its process exit (it vanishes) every time it runs.
         hangs: Ids whose task never returns (the rank's loop is stuck; a server's thread goes on).
         ledger: The master's starting ledger (default: a fresh one with ``completed``).
+        pieces: The chance that a user's loop, after a task in the middle of its hand, looks at
+            its messages as the runtime's does between two pieces of a hand (``Farm``): it
+            reports what ran, steps its loop, and takes what is left of its hand again.
     """
 
     def __init__(self, size: int, plan: Plan, total: int, seed: int, config: Config | None = None,
                  completed: tuple[tuple[int, int], ...] = (), raises: frozenset[int] = frozenset(),
                  boards: LocalBoards | None = None, exits: frozenset[int] = frozenset(),
-                 hangs: frozenset[int] = frozenset(), ledger: Ledger | None = None) -> None:
+                 hangs: frozenset[int] = frozenset(), ledger: Ledger | None = None, pieces: float = 0.0) -> None:
         self.rng = random.Random(seed)
+        self.pieces = pieces
         self.size = size
         self.total = total
         self.config = config or Config(levels=plan.levels, regions=plan.regions, serve_only=plan.serve_only,
@@ -380,6 +384,23 @@ class Network:
             if u.next_id >= u.hand[1]:
                 u.hand = None
                 u.state = "need"
+        elif self.pieces and self.rng.random() < self.pieces:
+            # The end of a piece of the hand: what ran is reported, the loop looks at its messages
+            # (a death, a drain, a plan switch may come), and the rest of the hand goes on.
+            n = u.next_id - u.done_from
+            done = ((u.done_from, u.next_id),)
+            loop.ran(done, tuple((i, float(i) * 2) for i in range(*done[0]) if i % 3 == 0),
+                     tasks=n, busy=n * 1e-3, longest=1e-3)
+            loop.step()
+            hand = loop.need_ids()
+            st = self.stations[r]
+            if hand is None:
+                u.hand = None
+                u.state = "left" if st.worker is not None and st.worker.state is State.LEFT else (
+                    "end" if st.ended else "wait")
+                return
+            assert hand == (u.next_id, u.hand[1]), f"rank {r}: its hand was {u.hand} at {u.next_id}, then {hand}"
+            u.done_from = u.next_id
 
     def run(self, max_steps: int = 200_000, kills: Sequence[tuple[int, ...]] = (),
             user_step: Callable[[int, _User], None] | None = None) -> Outcome:

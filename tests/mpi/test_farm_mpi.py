@@ -57,6 +57,26 @@ def test_get_task_id_hands_out_every_id_once():
 
 
 @pytest.mark.timeout(120)
+def test_a_long_hand_runs_in_pieces_of_about_a_look():
+    """A rank that computes hears its messages between two pieces of its hand, every ``Runner.look``
+    seconds of tasks: a task that sleeps half a look makes pieces of at most 2 ids after the first."""
+    total = 12 * comm.Get_size()
+    mine, pieces, cut = [], [], False
+    with Farm(total, None, comm, config=Config(levels=2, chunk=16)) as farm:
+        look = farm._rt.runner.look
+        for tid in farm:
+            mine.append(tid)
+            if tid == farm._lo:  # the first id of a piece
+                pieces.append(farm._stop - farm._lo)
+                hand = farm._rt.station.hand
+                cut = cut or (hand is not None and hand[1] > farm._stop)  # (more of the range is left)
+            time.sleep(look / 2)
+    assert everywhere(exactly_once(mine, set(range(total))))
+    assert everywhere(all(p <= 2 for p in pieces[1:])), pieces
+    assert comm.allreduce(cut, op=MPI.LOR)  # (some range was longer than a piece)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("which", range(5))
 def test_every_plan_on_this_world(which):
     configs = plans_for_size(comm.size)

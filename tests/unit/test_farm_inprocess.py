@@ -216,12 +216,14 @@ def test_a_master_hung_after_releasing_everyone_is_killed_by_the_deputy_it_has_n
 
 @settings(max_examples=80, deadline=None)
 @given(case=st.sampled_from(KILL_PLANS), seed=st.integers(0, 10**6),
-       kills=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 15)), max_size=3))
-def test_random_deaths_lose_nothing_and_rerun_only_what_was_at_risk(case, seed, kills):
+       kills=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 15)), max_size=3),
+       pieces=st.sampled_from([0.0, 0.3]))
+def test_random_deaths_lose_nothing_and_rerun_only_what_was_at_risk(case, seed, kills, pieces):
+    """``pieces``: user loops also look at their messages in the middle of a hand (as the runtime's do)."""
     size, plan = case
     kills = [(s, r % size) for s, r in kills]
     total = 250
-    out = Network(size, plan, total, seed).run(kills=kills)
+    out = Network(size, plan, total, seed, pieces=pieces).run(kills=kills)
     check(out, total)
     assert not out.kills, f"a live rank was killed as hung: {out.kills}"
 
@@ -307,17 +309,20 @@ def _drained_stay_out(out, drained):
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("ft", ["on", "off"])
+@pytest.mark.parametrize("pieces", [0.0, 0.4])
 @pytest.mark.parametrize("size,plan,drained,switches", [
     (9, Plan(3, (2,)), {3, 5}, [(60, Plan(2)), (200, Plan(3, (3,)))]),   # a slave and a region-master
     (16, Plan(4, (2, 2)), {8, 13}, [(80, Plan(2)), (250, Plan(4, (2, 2)))]),
     (7, Plan(2), {0, 6}, [(50, Plan(3, (2,)))]),                         # the master drains itself
 ])
-def test_drained_ranks_stay_out_across_plan_switches(seed, ft, size, plan, drained, switches):
+def test_drained_ranks_stay_out_across_plan_switches(seed, ft, pieces, size, plan, drained, switches):
     """Issue 14: a switch laid the new plan out over every live rank, so a drained rank (gone, or leaving)
-    was a computing child or a region-master again, counted and waited for as one."""
+    was a computing child or a region-master again, counted and waited for as one. With ``pieces``
+    the drain and the switches also find user loops in the middle of a hand (they look between
+    two pieces of it): a drained rank gives back what it had not started."""
     total = 400
     config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance=ft)
-    net = Network(size, plan, total, seed, config=config)
+    net = Network(size, plan, total, seed, config=config, pieces=pieces)
     answers = _drain_then_switch(net, (15, tuple(sorted(drained))), switches)
     out = net.run()
     assert answers == [{"result": {"ranks": sorted(drained)}}]
@@ -349,3 +354,32 @@ def test_drained_ranks_stay_out_when_a_death_follows_a_switch(seed, victim):
     assert state["killed"]
     check(out, total)
     _drained_stay_out(out, {3, 5})
+
+
+def test_a_worker_leaving_between_two_pieces_of_its_hand_gives_back_the_rest():
+    """The runtime hands a range to the user's loop in pieces and looks at messages between them:
+    a drain found there makes the rank leave with part of its hand not started."""
+    from nlevel.roles.worker import Worker
+
+    w = Worker(rank=1, parent=0, slots=4)
+    w.hand = (10, 20)
+    w.ran(((10, 13),), (), (), 3, 0.003, 0.001, now=0.0)
+    assert w.hand == (13, 20)
+    report = w.leave((), now=1.0)
+    assert report.done == ((10, 13),) and report.returned == ((13, 20),) and report.leaving
+    assert w.hand is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("ft", ["on", "off"])
+def test_a_drain_between_two_pieces_of_a_hand_loses_and_reruns_nothing(seed, ft):
+    """Long hands (chunk 16) looked at between pieces: the drained ranks leave in the middle of one."""
+    total = 400
+    config = Config(levels=2, fault_tolerance=ft, chunk=16)
+    net = Network(6, Plan(2, chunk=16), total, seed, config=config, pieces=0.5)
+    answers = _drain_then_switch(net, (40, (2, 4)), [])
+    out = net.run()
+    assert answers == [{"result": {"ranks": [2, 4]}}]
+    check(out, total)
+    assert all(n == 1 for n in out.executed.values())
+    assert out.users[2].state == out.users[4].state == "left"
