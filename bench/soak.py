@@ -24,7 +24,9 @@ result is recorded twice in the checkpoint (double commits), re-runs against the
 (ids the dead held, ``failures[].held``) and re-runs outside the blast radius of the dead
 (from outside: the victims; a task's death: the rank the report names); and from the report:
 recovery time by the role that died, and kills it does not list (a kill that lands after the
-master released every rank, ``released_at``, is counted apart: the job was over). ``--quick`` runs 4 fixed short trials (one per kind of death but ``exit``, none at set-up), for
+master released every rank, ``released_at``, is counted apart: the job was over; so is a kill,
+just before the release, of a rank whose row is in the report: its work was done and
+reported, and the master released the job before MPI told it of the death). ``--quick`` runs 4 fixed short trials (one per kind of death but ``exit``, none at set-up), for
 the end-to-end test. Writes every trial as JSON (with :func:`provenance.record`) and prints
 a Markdown table (``--markdown FILE`` also writes it).
 
@@ -138,6 +140,14 @@ def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dic
     released = rep.get("released_at")  # a kill after the master released every rank is not the job's to report
     a["after_release"] = sorted(k.rank for k in res.kills if released is not None and k.time > released)
     a["unreported"] = sorted(set(a["unreported"]) - set(a["after_release"]))
+    # A rank whose row is in the report had sent its last report and Ending: its work was done
+    # and counted. Killed just before the release (within MPI's notice of a death, ~10 ms), the
+    # master released the job without hearing of it: counted apart, with how long before.
+    users = rep.get("user_ranks") or list(range(t["size"]))
+    ended = {users[row["rank"]] for row in rep.get("per_rank") or [] if row["rank"] < len(users)}
+    a["after_end"] = sorted(set(a["unreported"]) & ended) if released is not None else []
+    a["after_end_ms"] = [round((released - k.time) * 1e3, 1) for k in res.kills if k.rank in a["after_end"]]
+    a["unreported"] = sorted(set(a["unreported"]) - set(a["after_end"]))
     out = {"trial": k, **t, "returncode": res.returncode, "hung": res.hung, "wall_s": res.wall,
            "kill_to_end_s": res.ended_at - res.kills[0].time if res.kills else None,
            "leftover": res.leftover, "kills": [vars(x) for x in res.kills], "audit": a,
@@ -193,6 +203,8 @@ def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
         "leftover_ranks": sum(len(t["leftover"]) for t in landed),
         "unreported_kills": sum(len(t["audit"]["unreported"]) for t in landed),
         "kills_after_release": sum(len(t["audit"].get("after_release", [])) for t in landed),
+        "kills_after_end": sum(len(t["audit"].get("after_end", [])) for t in landed),
+        "after_end_max_ms": max((x for t in landed for x in t["audit"].get("after_end_ms", [])), default=None),
     }
     rows: dict[str, dict[str, list[float]]] = {}
     for t in landed:

@@ -225,7 +225,9 @@ def render_soak(results: Results) -> list[str]:
                        str(s.get("failed_exit", "–")), str(s.get("lost_ids", "–")), str(s.get("double_commits", "–")),
                        f"{s.get('re_executed', '–')} ({s.get('bound', '–')})", str(s.get("re_executed_elsewhere", "–")),
                        str(s.get("unreported_kills", "–"))
-                       + (f" (+{s['kills_after_release']} after the release)" if s.get("kills_after_release") else "")]])
+                       + (f" (+{s['kills_after_release']} after the release)" if s.get("kills_after_release") else "")
+                       + (f" (+{s['kills_after_end']} after their end, at most {s['after_end_max_ms']} ms before the "
+                          "release)" if s.get("kills_after_end") else "")]])
         out.append("")
         roles = s.get("per_role", {})
         if roles:

@@ -28,7 +28,7 @@ from ..model.hierarchy import Hierarchy, Role
 from ..ranges import RangeSet, Ranges
 from .messages import FailureRecord
 
-__all__ = ["expected", "reconciler", "deputy", "Reconciliation"]
+__all__ = ["expected", "reconciler", "deputy", "successors", "Reconciliation"]
 
 
 def expected(dead: int, old: Hierarchy, failed: frozenset[int]) -> set[int]:
@@ -55,6 +55,18 @@ def reconciler(rank: int, old: Hierarchy, new: Hierarchy) -> int:
 def deputy(h: Hierarchy) -> int | None:
     """The rank that keeps a copy of the master's ledger: the lowest survivor after the master."""
     return next((n.rank for n in h.nodes if n.role is not Role.DEAD and n.rank != h.master), None)
+
+
+def successors(h: Hierarchy, n: int = 2) -> list[int]:
+    """The ``n`` ranks next in line to become master, in order: the deputy, then the rank that
+    takes over (from the checkpoint file) should the master and its deputy die together."""
+    out: list[int] = []
+    for node in h.nodes:
+        if len(out) == n:
+            break
+        if node.role is not Role.DEAD and node.rank != h.master:
+            out.append(node.rank)
+    return out
 
 
 class Reconciliation:

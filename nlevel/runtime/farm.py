@@ -266,7 +266,7 @@ class FarmRuntime:
                          timer=time.perf_counter)
         self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided")
         if self.rank == 0 or cfg.ft:  # (the master, or a rank that may become master)
-            self.runner.after_step, self.runner.on_deputy = self._release_when_ended, ckpt.h5 if path else None
+            self.runner.after_step, self.runner.prepare_takeover = self._release_when_ended, ckpt.h5 if path else None
         self.progress: Any = None
         self.recorder: Any = None
         if self.rank == 0 and cfg.progress:

@@ -28,6 +28,7 @@ from ..roles.events import DrainRequest, Ran
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import KillRequest, Message, TaskFailure
+from ..roles.recovery import successors
 from ..roles.station import Station
 from . import checkpoint as ckpt
 from . import control, signals
@@ -245,10 +246,12 @@ class Runner:
         #: Called after each step of a serving loop, under the lock (the master: release everyone
         #: as soon as the last rank has ended, without waiting for its own user loop to notice).
         self.after_step: Callable[[], None] = _nothing
-        #: Called once, outside the lock, when this rank first holds a copy of the master's ledger
-        #: (it is the deputy): what a takeover needs, prepared before one is needed (importing h5py,
-        #: 30-100 ms, was most of a new master's recovery).
-        self.on_deputy: Callable[[], Any] | None = None
+        #: Called once, outside the lock, when this rank is next in line to become master (the
+        #: deputy or the rank after it, :func:`~nlevel.roles.recovery.successors`): what a takeover
+        #: needs, prepared before one is needed (importing h5py, 30-100 ms, was most of a new
+        #: master's recovery).
+        self.prepare_takeover: Callable[[], Any] | None = None
+        self._seen: Any = None  # the hierarchy _prepare last looked at
 
     # -- the server's side ------------------------------------------------------------------
     def _threaded(self) -> bool:
@@ -361,11 +364,13 @@ class Runner:
             backoff.wait()
 
     def _prepare(self) -> None:
-        """Run :attr:`on_deputy` once this rank is the deputy."""
-        f = self.on_deputy
-        if f is not None and self.station.mirror is not None:
-            self.on_deputy = None
-            f()
+        """Run :attr:`prepare_takeover` once this rank is next in line to become master."""
+        f, st = self.prepare_takeover, self.station
+        if f is not None and st.hierarchy is not self._seen:  # (a new layout: after a death, a switch)
+            self._seen = st.hierarchy
+            if st.rank in successors(st.hierarchy):
+                self.prepare_takeover = None
+                f()
 
     def _serving(self) -> bool:
         """Whether a server thread runs this rank's loop (started anew when a plan change or a

@@ -8,7 +8,7 @@ from __future__ import annotations
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
 from nlevel.ranges import RangeSet
-from nlevel.roles.recovery import Reconciliation, deputy, expected, reconciler
+from nlevel.roles.recovery import Reconciliation, deputy, expected, reconciler, successors
 
 
 def test_expected_walks_through_dead_children():
@@ -58,6 +58,17 @@ def test_the_deputy_is_the_lowest_survivor_after_the_master():
     assert deputy(h) == 1
     assert deputy(build(8, Plan(3, (2,)), frozenset({0, 1}))) == 3
     assert deputy(build(1, Plan())) is None
+
+
+def test_the_successors_are_the_ranks_that_would_take_over_in_turn():
+    h = build(8, Plan(3, (2,)))
+    assert successors(h) == [1, 2]
+    assert build(8, Plan(3, (2,)), frozenset({0})).master == successors(h)[0]
+    assert build(8, Plan(3, (2,)), frozenset({0, 1})).master == successors(h)[1]
+    for dead in ({0}, {0, 1}, {1, 4}):
+        after = build(8, Plan(3, (2,)), frozenset(dead))
+        assert successors(after)[0] == deputy(after)
+    assert successors(build(2, Plan())) == [1] and successors(build(1, Plan())) == []
 
 
 def test_a_new_master_from_the_checkpoint_alone_keeps_the_failed_ids():

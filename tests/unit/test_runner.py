@@ -6,17 +6,17 @@ import pytest
 
 from nlevel.config import Config
 from nlevel.model.plan import Plan
-from nlevel.roles.events import Ran
-from nlevel.roles.ledger import Ledger
+from nlevel.roles.events import Died, Ran
+from nlevel.roles.recovery import successors
 from nlevel.runtime.rank import Runner
 from nlevel.testing.network import Network
 
 
-def _slave(ft: str) -> tuple[Network, Runner]:
+def _slave(ft: str, size: int = 3, rank: int = 1) -> tuple[Network, Runner]:
     config = Config(levels=2, fault_tolerance=ft)
-    net = Network(3, Plan(2), 60, 0, config=config)
+    net = Network(size, Plan(2), 60, 0, config=config)
     net.loops[0].step()  # the master stocks its board
-    runner = Runner(net.stations[1], net.loops[1], config)
+    runner = Runner(net.stations[rank], net.loops[rank], config)
     runner.look = 0.0  # (every call is a look: no waiting on the clock)
     return net, runner
 
@@ -37,13 +37,15 @@ def test_a_look_probes_again_under_fault_tolerance(ft):
     assert len(calls) == (2 if ft == "on" else 1)
 
 
-def test_the_deputy_prepares_a_takeover_once_it_holds_the_masters_copy():
-    net, runner = _slave("on")
+def test_the_ranks_next_in_line_prepare_a_takeover_once():
+    """The deputy and the rank after it (which takes over from the file should both die) import
+    h5py before a takeover needs it; the others only once a death puts them in line."""
+    net, runner = _slave("on", size=5, rank=3)
     prepared = []
-    runner.on_deputy = lambda: prepared.append(1)
+    runner.prepare_takeover = lambda: prepared.append(1)
     runner.next_range(None)
-    assert prepared == []  # not the deputy yet: no copy of the ledger
-    net.stations[1].mirror = Ledger(60)
+    assert successors(net.stations[3].hierarchy) == [1, 2] and prepared == []
+    net.loops[3].handle(Died((1,)))
     runner.next_range(None)
     runner.next_range(None)
-    assert prepared == [1]  # once
+    assert successors(net.stations[3].hierarchy) == [2, 3] and prepared == [1]  # once
