@@ -106,11 +106,11 @@ class Farm:
         self.report: dict[str, Any] | None = None
         # The range in hand: ids [_lo, _cur) ran, _cur is the next to hand out, _stop ends the range.
         self._lo = self._cur = self._stop = 0
-        # The loop runs its hand in pieces of about `Runner.look` seconds of tasks, so that a rank busy
-        # with a long range still hears its messages between two tasks (a survivor asked what it
-        # holds after a death: the recovery waited for its whole range, 25-45 ms of 5 ms tasks).
-        # The first piece is one task: it measures how many make `look`.
-        self._piece = 1
+        # Under fault tolerance the loop runs its hand in pieces of about `Runner.piece` seconds of
+        # tasks, so that a rank busy with a long range still hears its messages between two tasks
+        # (a survivor asked what it holds after a death: the recovery waited for its whole range,
+        # 25-45 ms of 5 ms tasks). The first piece is one task: it measures how many make a piece.
+        self._piece = 1 if rt.runner.piece else sys.maxsize
         self._started_at = 0.0
         self._results: list[tuple[int, Result]] = []
         self._failed: list[TaskFailure] = []
@@ -137,8 +137,8 @@ class Farm:
             if rt.progress is not None:
                 rt.progress.start()
         ran = self._ran(self._stop)
-        if ran is not None and ran.busy > 0:
-            self._piece = max(1, int(rt.runner.look * ran.tasks / ran.busy))
+        if ran is not None and ran.busy > 0 and rt.runner.piece:
+            self._piece = max(1, int(rt.runner.piece * ran.tasks / ran.busy))
         hand = rt.next_range(ran)
         if hand is None:
             self._finish()

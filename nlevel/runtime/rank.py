@@ -38,10 +38,9 @@ __all__ = ["MpiPort", "Runner", "clock"]
 
 clock = time.perf_counter
 
-#: A slave that never waits for ids still looks at its messages between two tasks (the user's
-#: loop runs its hand in pieces of about this many seconds, see ``Farm``), at most
-#: this often (seconds): under fault tolerance (a new master waits for every survivor's
-#: answer) ...
+#: A slave that never waits for ids still looks at its messages between two ranges (under
+#: fault tolerance: between two pieces of a range, ``Runner.piece``), at most this often
+#: (seconds): under fault tolerance (a new master waits for every survivor's answer) ...
 SLAVE_LOOK_FT = 0.01
 #: ... and without it (only an operator's drain needs it; a plan change closes the board,
 #: FINAL ends the loop). A look is an MPI probe: on an oversubscribed node an empty probe
@@ -243,6 +242,11 @@ class Runner:
         self._old_switch = sys.getswitchinterval()
         self._last_tick = 0.0
         self.look = SLAVE_LOOK_FT if station.ft else SLAVE_LOOK
+        #: Seconds of tasks the user's loop runs between two calls to :meth:`next_range` under
+        #: fault tolerance (``Farm`` cuts a range into pieces): a survivor answers a reconciler
+        #: between two tasks, not after its whole range. 0: whole ranges (without fault tolerance
+        #: only an operator's drain needs a busy rank's look, and a range's end is soon enough).
+        self.piece = SLAVE_LOOK_FT if station.ft else 0.0
         #: Called after each step of a serving loop, under the lock (the master: release everyone
         #: as soon as the last rank has ended, without waiting for its own user loop to notice).
         self.after_step: Callable[[], None] = _nothing
@@ -332,7 +336,7 @@ class Runner:
                 if st.server is not None or now - self._last_tick >= self.look:
                     # A server with no thread (one process) steps here: its checkpoint, signals and
                     # operators. A slave busy with ids hears its messages (a drain, a plan change, a
-                    # dead master) between pieces of its hand, every `look` seconds: not only when it waits.
+                    # dead master) between ranges (pieces of them), every `look` seconds: not only when it waits.
                     self._last_tick = now
                     if ran is not None:
                         loop.handle(ran)  # (what ran is recorded before what the messages say)

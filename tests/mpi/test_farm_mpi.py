@@ -57,13 +57,14 @@ def test_get_task_id_hands_out_every_id_once():
 
 
 @pytest.mark.timeout(120)
-def test_a_long_hand_runs_in_pieces_of_about_a_look():
-    """A rank that computes hears its messages between two pieces of its hand, every ``Runner.look``
-    seconds of tasks: a task that sleeps half a look makes pieces of at most 2 ids after the first."""
+def test_a_long_hand_runs_in_pieces_under_fault_tolerance():
+    """Under fault tolerance a rank that computes hears its messages between two pieces of its hand,
+    every ``Runner.piece`` seconds of tasks: a task that sleeps half a piece makes pieces of at most
+    2 ids after the first."""
     total = 12 * comm.Get_size()
     mine, pieces, cut = [], [], False
-    with Farm(total, None, comm, config=Config(levels=2, chunk=16)) as farm:
-        look = farm._rt.runner.look
+    with Farm(total, None, comm, config=Config(levels=2, chunk=16, fault_tolerance="on")) as farm:
+        look = farm._rt.runner.piece
         for tid in farm:
             mine.append(tid)
             if tid == farm._lo:  # the first id of a piece
