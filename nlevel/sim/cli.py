@@ -177,7 +177,7 @@ def run(options: argparse.Namespace) -> SimReport:
             raise ConfigError(f"--drain must be N@WHEN or N/spread@WHEN with N an integer >= 1, got {text!r}")
         drains.append((when, -int(count) if spread else int(count)))
     ft = None if options.fault_tolerance is None else options.fault_tolerance == "on"
-    return simulate(
+    report = simulate(
         options.procs,
         plan,
         durations,
@@ -194,6 +194,14 @@ def run(options: argparse.Namespace) -> SimReport:
         notice=options.failure_notice,
         fault_tolerance=ft,
     )
+    timed = [("--kill", text, when) for text, (when, _) in zip(options.kill, kills)]
+    timed += [("--drain", text, when) for text, (when, _) in zip(options.drain, drains)]
+    for flag, text, when in timed:
+        if when > report.makespan:  # (valid, but never silent: "1500" for "1500s" drains nothing)
+            sys.stderr.write(f"nlevel.sim: note: {flag} {text} comes at {when:.6g} s, after the job ended "
+                             f"({report.makespan:.6g} s): it did nothing (WHEN without 's' is a fraction of the "
+                             f"ideal makespan, {ideal:.6g} s)\n")
+    return report
 
 
 def _at(text: str, flag: str, ideal: float) -> tuple[float, str]:

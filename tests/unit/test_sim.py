@@ -246,3 +246,13 @@ def test_the_engine_heap_pops_events_by_time_then_by_scheduling_order():
             want.append((t, seq))
     out = [pop(heap) for _ in range(len(want))]
     assert [(e.t, e.seq) for e in out] == sorted(want) and not heap
+
+
+def test_a_kill_or_drain_after_the_end_is_said_not_silently_dropped(capsys):
+    """``1500`` for ``1500s`` is 1500 ideal makespans: valid, but it does nothing; the user is told."""
+    assert main(["--procs", "8", "--tasks", "200", "--task-time", "1", "--drain", "2/spread@1500",
+                 "--kill", "3@0.5", "--engine", "python"]) == 0
+    err = capsys.readouterr().err
+    assert "--drain 2/spread@1500 comes at 37500 s, after the job ended" in err
+    assert "fraction of the ideal makespan, 25 s" in err
+    assert "--kill" not in err  # (at half the ideal makespan: it happened)
