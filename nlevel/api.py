@@ -110,7 +110,7 @@ class Farm:
         # tasks, so that a rank busy with a long range still hears its messages between two tasks
         # (a survivor asked what it holds after a death: the recovery waited for its whole range,
         # 25-45 ms of 5 ms tasks). The first piece is one task: it measures how many make a piece.
-        self._piece = 1 if rt.runner.piece else sys.maxsize
+        self._piece = 1
         self._started_at = 0.0
         self._results: list[tuple[int, Result]] = []
         self._failed: list[TaskFailure] = []
@@ -137,14 +137,15 @@ class Farm:
             if rt.progress is not None:
                 rt.progress.start()
         ran = self._ran(self._stop)
-        if ran is not None and ran.busy > 0 and rt.runner.piece:
-            self._piece = max(1, int(rt.runner.piece * ran.tasks / ran.busy))
+        piece = rt.runner.piece
+        if piece and ran is not None and ran.busy > 0:
+            self._piece = max(1, int(piece * ran.tasks / ran.busy))
         hand = rt.next_range(ran)
         if hand is None:
             self._finish()
             return -1
         a, b = hand  # (what is left of the hand after the last piece, or a new range)
-        self._lo, self._cur, self._stop = a, a + 1, min(b, a + self._piece)
+        self._lo, self._cur, self._stop = a, a + 1, min(b, a + self._piece) if piece else b
         self._started_at = _clock()
         return a
 
