@@ -18,7 +18,8 @@ with Farm(total, "run.h5") as farm:
 This module does no MPI itself: the runtime does (:mod:`nlevel.runtime.farm`). A call
 that has an id in hand returns it without entering the runtime: the runtime hands the
 loop a range of ids at a time (one id for long tasks, more for short ones, sized from the
-measured task time) and hears back when the range is done.
+measured task time) and hears back when the range is done (under fault tolerance, after each
+piece of a little over 10 ms of tasks: a survivor then answers a recovery between two tasks).
 """
 
 from __future__ import annotations
@@ -106,10 +107,11 @@ class Farm:
         self.report: dict[str, Any] | None = None
         # The range in hand: ids [_lo, _cur) ran, _cur is the next to hand out, _stop ends the range.
         self._lo = self._cur = self._stop = 0
-        # Under fault tolerance the loop runs its hand in pieces of about `Runner.piece` seconds of
-        # tasks, so that a rank busy with a long range still hears its messages between two tasks
-        # (a survivor asked what it holds after a death: the recovery waited for its whole range,
-        # 25-45 ms of 5 ms tasks). The first piece is one task: it measures how many make a piece.
+        # Under fault tolerance the loop runs its hand in pieces of a little over `Runner.piece`
+        # seconds of tasks (each one a look: at least the runner's `look` apart), so that a rank busy
+        # with a long range still hears its messages between two tasks (a survivor asked what it
+        # holds after a death: the recovery waited for its whole range, 25-45 ms of 5 ms tasks).
+        # The first piece is one task: it measures how many make a piece.
         self._piece = 1
         self._started_at = 0.0
         self._results: list[tuple[int, Result]] = []
@@ -139,7 +141,7 @@ class Farm:
         ran = self._ran(self._stop)
         piece = rt.runner.piece
         if piece and ran is not None and ran.busy > 0:
-            self._piece = max(1, int(piece * ran.tasks / ran.busy))
+            self._piece = int(piece * ran.tasks / ran.busy) + 1
         hand = rt.next_range(ran)
         if hand is None:
             self._finish()

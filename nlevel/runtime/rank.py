@@ -300,7 +300,8 @@ class Runner:
             period = base if busy else min(period * 2, self.config.poll_max if ending else self.period_max)
             if self._wake.wait(period):
                 self._wake.clear()
-            self._prepare()
+            if self._thread is not threading.current_thread():
+                self._prepare()  # (a serve-only rank: its main thread serves)
 
     def _demand(self) -> bool:
         d = self.station.server
@@ -358,6 +359,7 @@ class Runner:
         backoff = Backoff(self.config.poll_max)
         while True:
             self.raise_error()
+            self._prepare()  # (a death while this rank waits for ids may put it next in line)
             threaded = self._serving()
             with self.lock:
                 if not threaded:
@@ -368,13 +370,20 @@ class Runner:
             backoff.wait()
 
     def _prepare(self) -> None:
-        """Run :attr:`prepare_takeover` once this rank is next in line to become master."""
-        f, st = self.prepare_takeover, self.station
-        if f is not None and st.hierarchy is not self._seen:  # (a new layout: after a death, a switch)
+        """Run :attr:`prepare_takeover` once this rank is next in line to become master (in the
+        thread that runs the user's loop, or a serve-only rank's: a server thread keeps serving)."""
+        st = self.station
+        if self.prepare_takeover is None or st.hierarchy is self._seen:  # (new only after a death, a switch)
+            return
+        with self.lock:
+            f = self.prepare_takeover
+            if f is None or st.hierarchy is self._seen:
+                return
             self._seen = st.hierarchy
-            if st.rank in successors(st.hierarchy):
-                self.prepare_takeover = None
-                f()
+            if st.rank not in successors(st.hierarchy):
+                return
+            self.prepare_takeover = None
+        f()  # (outside the lock: a server thread goes on serving meanwhile)
 
     def _serving(self) -> bool:
         """Whether a server thread runs this rank's loop (started anew when a plan change or a

@@ -198,9 +198,10 @@ def run(options: argparse.Namespace) -> SimReport:
     timed += [("--drain", text, when) for text, (when, _) in zip(options.drain, drains)]
     for flag, text, when in timed:
         if when > report.makespan:  # (valid, but never silent: "1500" for "1500s" drains nothing)
+            hint = "" if text.rstrip().endswith("s") else \
+                f" (WHEN without 's' is a fraction of the ideal makespan, {ideal:.6g} s)"
             sys.stderr.write(f"nlevel.sim: note: {flag} {text} comes at {when:.6g} s, after the job ended "
-                             f"({report.makespan:.6g} s): it did nothing (WHEN without 's' is a fraction of the "
-                             f"ideal makespan, {ideal:.6g} s)\n")
+                             f"({report.makespan:.6g} s): it did nothing{hint}\n")
     return report
 
 

@@ -223,7 +223,10 @@ def test_random_deaths_lose_nothing_and_rerun_only_what_was_at_risk(case, seed, 
     size, plan = case
     kills = [(s, r % size) for s, r in kills]
     total = 250
-    out = Network(size, plan, total, seed, pieces=pieces).run(kills=kills)
+    # (with pieces, long hands: chunk 16; one-id hands have no middle to look in)
+    config = Config(levels=plan.levels, regions=plan.regions, serve_only=plan.serve_only,
+                    chunk=16 if pieces else plan.chunk, fault_tolerance="on")
+    out = Network(size, plan, total, seed, config=config, pieces=pieces).run(kills=kills)
     check(out, total)
     assert not out.kills, f"a live rank was killed as hung: {out.kills}"
 
@@ -321,7 +324,7 @@ def test_drained_ranks_stay_out_across_plan_switches(seed, ft, pieces, size, pla
     the drain and the switches also find user loops in the middle of a hand (they look between
     two pieces of it): a drained rank gives back what it had not started."""
     total = 400
-    config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance=ft)
+    config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance=ft, chunk=16 if pieces else 0)
     net = Network(size, plan, total, seed, config=config, pieces=pieces)
     answers = _drain_then_switch(net, (15, tuple(sorted(drained))), switches)
     out = net.run()
