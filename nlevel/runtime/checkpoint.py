@@ -209,7 +209,8 @@ def _move_aside(path: Path) -> Path:
 
 def h5() -> Any:
     """h5py, imported when a checkpoint is first read or written, or by the two ranks next in line
-    to become master before they may have to take over (it costs ~0.1 s: a job without a checkpoint should not pay it before its first id)."""
+    to become master before they may have to take over (it costs ~0.1 s: a job without a
+    checkpoint should not pay it before its first id)."""
     import h5py
 
     return h5py

@@ -20,6 +20,9 @@ from .signals import EXIT_STOPPED
 
 __all__ = ["build_report", "merge_stats", "write_json", "format_summary", "oversubscription_note"]
 
+#: The report lists every rank's row in jobs of up to this many ranks (beyond, none).
+ROWS_MAX = 4096
+
 def _level_name(level: int, levels: int) -> str:
     if level == 0:
         return "master"
@@ -177,7 +180,7 @@ def build_report(
         "requests": {
             _level_name(level, levels): {"level": level, **rt.to_dict()} for level, rt in sorted(by_level.items())
         },
-        "per_rank": per_rank if size <= 4096 else [],
+        "per_rank": per_rank if size <= ROWS_MAX else [],
         "placement": machine.placement(totals["hosts"]) if totals.get("hosts") else None,
         "checkpoint": None,
     }

@@ -162,6 +162,11 @@ class Outcome:
     retired: set[int] = field(default_factory=set)
 
 
+def _results(done: tuple[tuple[int, int], ...]) -> tuple[tuple[int, float], ...]:
+    """The results the test tasks give: ``2 * id`` for every third id."""
+    return tuple((i, float(i) * 2) for a, b in done for i in range(a, b) if i % 3 == 0)
+
+
 class Network:
     """A whole farm in one process.
 
@@ -334,6 +339,13 @@ class Network:
             self.loops[r].step()
         return True
 
+    def _idle(self, r: int) -> str:
+        """The state of rank ``r``'s user loop when it got no ids: it left, it is over, or it waits."""
+        st = self.stations[r]
+        if st.worker is not None and st.worker.state is State.LEFT:
+            return "left"
+        return "end" if st.ended else "wait"
+
     def user_step(self, r: int, u: _User) -> None:
         """The user's loop on rank ``r`` does its next thing: take a range, or run one task of it."""
         loop = self.loops[r]
@@ -343,11 +355,8 @@ class Network:
                 u.state = "left"
                 return
             hand = loop.need_ids()
-            st = self.stations[r]
             if hand is None:
-                u.state = "end" if st.ended else "wait"
-                if st.worker is not None and st.worker.state is State.LEFT:
-                    u.state = "left"
+                u.state = self._idle(r)
                 return
             u.hand, u.next_id, u.done_from, u.state = hand, hand[0], hand[0], "run"
             return
@@ -377,9 +386,8 @@ class Network:
             done = tuple((a, b) for a, b in ((u.done_from, tid),) if b > a)
             if not failed:
                 done = ((u.done_from, u.next_id),)
-            results = tuple((i, float(i) * 2) for a, b in done for i in range(a, b) if i % 3 == 0)
             n = (u.next_id - u.done_from)
-            loop.ran(done, results, failed, tasks=n, busy=n * 1e-3, longest=1e-3)
+            loop.ran(done, _results(done), failed, tasks=n, busy=n * 1e-3, longest=1e-3)
             u.done_from = u.next_id
             if u.next_id >= u.hand[1]:
                 u.hand = None
@@ -389,15 +397,11 @@ class Network:
             # (a death, a drain, a plan switch may come), and the rest of the hand goes on.
             n = u.next_id - u.done_from
             done = ((u.done_from, u.next_id),)
-            loop.ran(done, tuple((i, float(i) * 2) for i in range(*done[0]) if i % 3 == 0),
-                     tasks=n, busy=n * 1e-3, longest=1e-3)
+            loop.ran(done, _results(done), tasks=n, busy=n * 1e-3, longest=1e-3)
             loop.step()
             hand = loop.need_ids()
-            st = self.stations[r]
             if hand is None:
-                u.hand = None
-                u.state = "left" if st.worker is not None and st.worker.state is State.LEFT else (
-                    "end" if st.ended else "wait")
+                u.hand, u.state = None, self._idle(r)
                 return
             assert hand == (u.next_id, u.hand[1]), f"rank {r}: its hand was {u.hand} at {u.next_id}, then {hand}"
             u.done_from = u.next_id
