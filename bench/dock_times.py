@@ -1,6 +1,6 @@
 """Measure per-ligand AutoDock Vina times on real drug-like ligands: the input of bench/dock_sim.py.
 
-``python bench/dock_times.py [--target ABL1] [--exhaustiveness 8] [--procs 2] [--lease-min 3600]
+``python bench/dock_times.py [--target ABL1] [--exhaustiveness 8] [--procs 2]
 [--out bench/results/dock_times_abl1] [--work DIR]``
 
 Docks the app's drug list (:data:`apps.dock_like.builddata.DRUGS`: 56 approved drugs and
@@ -59,7 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="ABL1")
     p.add_argument("--exhaustiveness", type=int, default=8)
     p.add_argument("--procs", type=int, default=2)
-    p.add_argument("--lease-min", type=float, default=3600.0, help="nlevel's --lease-min for the screen (s)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "dock_times_abl1"))
     p.add_argument("--work", help="directory of the screen (checkpoint, library); the same --work resumes a "
                                   "stopped measurement without docking its finished ligands again (default: a new "
@@ -82,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
            sys.executable, "-m",
            "nlevel.run", "apps.dock_like", "--engine", "vina", "--target", a.target, "--library", lib,
            "--exhaustiveness", str(a.exhaustiveness), "--out", os.path.join(work, "hits.h5"),
-           "--checkpoint", os.path.join(work, "run.h5"), "--report", os.path.join(work, "report.json"), "--quiet",
-           # a rank docking a drug after fragments is silent 10-100x the longest ligand so far:
-           # nlevel's default lease (10 s + 5 x that) would kill it as hung
-           "--lease-min", str(a.lease_min)]
+           "--checkpoint", os.path.join(work, "run.h5"), "--report", os.path.join(work, "report.json"), "--quiet"]
     env = dict(os.environ, PYTHONPATH=ROOT, NLEVEL_TTY="0")
     load_before = os.getloadavg()
     t0 = time.time()

@@ -125,7 +125,7 @@ def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dic
                          then_new_leader=t["then_new_leader"], seed=t["seed"])
         app += ["--die-task", "-1"]
         if t["signal"] == "STOP":
-            app += ["--lease-min", str(args.lease_min)]
+            app += ["--lease", str(args.lease)]
     else:
         app += ["--die-task", str(t["task"]), "--how", "os_exit" if t["kind"] == "exit" else "forever"]
         if t["kind"] == "hang":
@@ -259,8 +259,8 @@ def main() -> None:
     p.add_argument("--n", type=int, default=3000, help="tasks per trial [default 3000]")
     p.add_argument("--sleep-ms", type=float, default=5.0, help="task length [default 5 ms]")
     p.add_argument("--timeout", type=float, default=90.0, help="seconds before a trial is a hang [default 90]")
-    p.add_argument("--lease-min", type=float, default=2.0,
-                   help="--lease-min of trials with SIGSTOP victims (the library's default is 10 s) [default 2]")
+    p.add_argument("--lease", type=float, default=2.0,
+                   help="--lease of trials with SIGSTOP victims (the library's default is 5 s) [default 2]")
     p.add_argument("--out", help="JSON path [default bench/results/soak-<trials>.json]")
     p.add_argument("--keep", action="store_true", help="keep each trial's directory (logs, checkpoint, report)")
     p.add_argument("--quick", action="store_true",

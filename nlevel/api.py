@@ -114,11 +114,15 @@ class Farm:
         # The first piece is one task: it measures how many make a piece.
         self._piece = 1
         self._started_at = 0.0
+        self._t = 0.0  # when the task in hand started (one clock read per task)
+        self._times: list[float] = []  # each task's seconds since the last range was reported
+        self._broke = False  # the user's code left `for task_id in farm` (what follows is not a task)
         self._results: list[tuple[int, Result]] = []
         self._failed: list[TaskFailure] = []
         self._completed = -1  # the id complete() was last called for
         self._closed = False
         self._progress_started = False
+        rt.runner.current_task = self._current_task
         atexit.register(self._exit_guard)  # the farm runs: leaving mid-job must not hang the others
 
     # -- iteration ------------------------------------------------------------------------------
@@ -126,9 +130,19 @@ class Farm:
         """Report the current task finished and return the next id, or -1 when this rank is done."""
         cur = self._cur
         if cur < self._stop:
+            t = _clock()
+            self._times.append(t - self._t)
+            self._t = t
             self._cur = cur + 1
             return cur
         return self._next_range()
+
+    def _current_task(self) -> tuple[int, float] | None:
+        """The task the user's code runs now and since when (for ``--task-timeout``), or None."""
+        cur, stop = self._cur, self._stop  # (read from the runtime's pulse thread: each read is whole)
+        if self._closed or self._broke or cur <= self._lo or cur > stop:
+            return None
+        return cur - 1, self._t
 
     def _next_range(self) -> int:
         if self._closed:
@@ -147,25 +161,30 @@ class Farm:
             self._finish()
             return -1
         a, b = hand  # (what is left of the hand after the last piece, or a new range)
+        self._started_at = self._t = _clock()
         self._lo, self._cur, self._stop = a, a + 1, min(b, a + self._piece) if piece else b
-        self._started_at = _clock()
         return a
 
     def _ran(self, upto: int) -> Ran | None:
         """What ran of the hand, ids ``[_lo, upto)``: a :class:`Ran` for the runtime (None when nothing)."""
         lo = self._lo
         n = upto - lo
+        now = _clock()
+        times = self._times
+        if upto > lo and self._cur == upto:
+            times.append(now - self._t)  # (the last task of the piece ends now)
+        self._times = []
         if not self._failed:  # (the common case, on the path between two tasks: one range ran)
             if n <= 0:
                 return None
-            busy = _clock() - self._started_at
+            busy = now - self._started_at
             results: tuple[tuple[int, Result], ...] = ()
             if self._results:
                 results = tuple(self._results)
                 self._results = []
             self._lo = upto
-            return Ran(((lo, upto),), results, (), n, busy, busy if n == 1 else busy / n)
-        busy = _clock() - self._started_at
+            return Ran(((lo, upto),), results, (), n, busy, max(times) if times else busy / n, times=tuple(times))
+        busy = now - self._started_at
         failed = tuple(self._failed)
         done: list[tuple[int, int]] = []
         start = lo
@@ -179,11 +198,17 @@ class Farm:
         self._results = []
         self._failed = []
         self._lo = upto
-        return Ran(tuple(done), ran_results, failed, max(n, 0), busy, busy if n == 1 else busy / max(n, 1))
+        return Ran(tuple(done), ran_results, failed, max(n, 0), busy,
+                   max(times) if times else busy / max(n, 1), times=tuple(times))
 
     def __iter__(self) -> Iterator[int]:
-        while (tid := self.next()) >= 0:
-            yield tid
+        try:
+            while (tid := self.next()) >= 0:
+                yield tid
+        finally:
+            # A `break` out of the loop (the generator closed): the code after it is not a task, and
+            # must not be taken for one past --task-timeout.
+            self._broke = True
 
     def __enter__(self) -> Farm:
         return self
@@ -413,6 +438,9 @@ def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = Non
     if farm is not None and comm is _last_comm and total == farm.total:
         cur = farm._cur
         if cur < farm._stop:
+            t = _clock()
+            farm._times.append(t - farm._t)
+            farm._t = t
             farm._cur = cur + 1
             return cur
     return _get_task_id(total, checkpoint_file, comm, fingerprint, retry_failed)

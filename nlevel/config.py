@@ -192,10 +192,10 @@ class Config:
     fault_tolerance: str = _setting(
         "auto", "recover from dead processes: auto (when mpiexec --with-ft ulfm), on, off",
         group="failures", check=_choice("auto", "on", "off"))
-    lease_min: float = _setting(
-        10.0, "a rank holding tasks and silent for lease-min + lease-factor x the longest task is hung: killed",
+    lease: float = _setting(
+        5.0, "every process beats (a thread, whatever its task does) about five times per lease; a process "
+        "silent for a lease is hung (stopped, or its task holds the GIL): killed. Long tasks never expire it",
         group="failures", check=_positive_float, unit="s")
-    lease_factor: float = _setting(5.0, "see lease-min", group="failures", check=_positive_float)
     on_task_error: str = _setting(
         "abort", "a task that raises: retry (elsewhere, task-retries times, then failed), skip (failed), abort",
         group="failures", check=_choice("retry", "skip", "abort"))

@@ -245,27 +245,12 @@ def setup(options: argparse.Namespace) -> None:
     info = _on_rank0(lambda: _index(o, work))
     if hasattr(engine, "start"):
         engine.start()  # the Vina helper computes its maps: a receptor Vina rejects stops here
-        _warn_about_leases(o)
     library = Library(o.library, info, os.path.join(work, "library-index.h5"))
     if _run is not None:
         _run.engine.close()
         _run.store.close()
     _run = _Run(o, library, engine, PoseStore(work), work, receptor_path, sha256(receptor_path), attrs)
     atexit.register(_close)
-
-
-def _warn_about_leases(o: argparse.Namespace) -> None:
-    # nlevel kills a rank that holds a task and is silent for lease-min + lease-factor x the
-    # longest task finished so far; a rank docking sends nothing until its ligand is done, so
-    # a drug docked after a few fragments (10-100x longer) is taken for hung. The app cannot
-    # lengthen the lease itself (nlevel's settings are fixed before setup), so it says so once.
-    comm = _comm()
-    if comm is None or comm.Get_size() == 1 or comm.Get_rank() != 0:
-        return  # one process: rank 0 docks its own ligands, no lease runs
-    if getattr(o, "lease_min", None) is None and "NLEVEL_LEASE_MIN" not in os.environ:
-        log.warning("dock_like: warning: with --engine vina pass --lease-min longer than your slowest ligand "
-                    "(e.g. --lease-min 3600): nlevel's default lease (10 s + 5 x the longest ligand finished so "
-                    "far) kills a rank docking a ligand much slower than the first ones as hung")
 
 
 def _close() -> None:

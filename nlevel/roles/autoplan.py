@@ -68,10 +68,10 @@ class AutoPlanner:
         self.total = total
         self.state = "warmup"
         self.first_task_times: list[float] = []
-        self.task = Summary(11)
+        self.task = Summary(quantiles=False)
         self.task_sq = 0.0  # sum of squared task times (reports carry it): the variance
         self.task_max = 0.0
-        self.service = Summary(13)
+        self.service = Summary(quantiles=False)
         self.messages: list[float] = []
         self.claims: list[float] = []
         self.window_start = 0.0

@@ -81,7 +81,6 @@ class StationCore:
         self.drained: dict[int, float] = {}  # the master: ranks it asked to leave, and when
         self.served_bins: dict[int, int] = {}  # wall time // TIMELINE_BIN -> ranges taken here
         self._served_seen = 0  # the server's count of ranges taken, as the timeline last saw it
-        self.sent_up_at = clock()  # a region-master: when it last reported to its parent
         self.hosts = hosts
         # Failures (see nlevel.roles.failures).
         self.failed: frozenset[int] = frozenset(setup_failed)
@@ -92,11 +91,10 @@ class StationCore:
         self.master_heard = clock()  # a watcher: when the master was last heard (it heartbeats)
         self.watching: int | None = None  # the master this rank watches now
         self.heartbeat_sent = -1e300
+        self.overran_tasks: set[int] = set()  # this rank's own tasks past --task-timeout, told once
         # The end (see nlevel.roles.ending).
         self.endings: dict[int, Any] = {}  # child -> its Ending
         self.end_key: tuple[Any, ...] | None = None  # what this rank's last Ending was made of
-        self.over_since: float | None = None
-        self.end_killed: set[int] = set()
         self.released: Any = None  # the master's Release (this rank's loop may stop)
         self.pending_release: Any = None  # the deputy: the master is releasing everyone
         self.finished_release = False  # this rank released the job for a master that died while releasing it
@@ -272,12 +270,6 @@ class StationCore:
         if isinstance(d, Region):
             if d.flush_due(now):
                 outs += self.report_up(d.flush(), d.parent)
-                self.sent_up_at = now
-            elif d.held_total and now - self.sent_up_at > self.config.lease_min / 4:
-                # Alive, waiting on its region: say so, or the parent's lease on the ids it holds
-                # would expire together with this rank's own lease on a hung child.
-                outs += self.report_up(Report(task_max=d.task_max), d.parent)
-                self.sent_up_at = now
             if d.exhausted and not self.final:
                 self.final = True
                 d.close_boards(FINAL, now)

@@ -16,8 +16,8 @@ and fail when one dies during them):
   report (:attr:`~nlevel.roles.messages.Report.ending`): one message, not two. A parent drops a
   child's Ending when a report from it follows (it ran ids that came back after a
   failure): the child sends a new one when it is idle again.
-* A child that does not send its Ending within a lease after its parent is over is hung:
-  killed, then handled like any death (the job does not wait for it).
+* A child that stops beating is hung (see :mod:`nlevel.roles.watch`): killed, then handled like
+  any death (the job does not wait for it). One that beats is waited for, whatever it does.
 * The master, once every live child's Ending is in, has every surviving rank's row and
   statistics: it writes the last checkpoint and calls :meth:`Closing.release`, which tells
   the deputy first (with the report's facts) and then every rank, the deputy last. Some
@@ -34,7 +34,7 @@ from typing import Any
 
 from ..stats import RequestTimes, Summary
 from .core import StationCore
-from .events import Effect, Kill, Send
+from .events import Effect, Send
 from .messages import Ending, Release
 from .recovery import deputy
 from .region import Region
@@ -126,13 +126,9 @@ class Closing(StationCore):
             return []
         if not self.over:
             return self._early_ending()
-        now = self.clock()
-        if self.over_since is None:
-            self.over_since = now
         children = self._live_children()
-        missing = [c for c in children if c not in self.endings]
-        if missing:
-            return self._end_lease(missing, now)
+        if any(c not in self.endings for c in children):
+            return []  # (a child that is hung stops beating: its lease kills it)
         parent = self.info.parent
         if parent is None:
             return []  # the master: ready (see ready()); the runtime writes the report and releases
@@ -157,21 +153,6 @@ class Closing(StationCore):
                 or w.results or self.abandoned or self.draining or self.drain_requested or self.loading):
             return []
         return self._send_ending(parent, [])
-
-    def _end_lease(self, missing: list[int], now: float) -> list[Effect]:
-        """A child that has not ended a lease after this rank did is hung (nothing it holds: the job is over)."""
-        c = self.config
-        assert self.over_since is not None
-        outs: list[Effect] = []
-        for r in missing:
-            if r in self.end_killed:
-                continue
-            # A server child waits for its own children first: its lease is longer than theirs.
-            depth = max(0, self.hierarchy.plan.levels - 1 - self.hierarchy[r].level)
-            if now - self.over_since > c.lease_min * (1 + 2 * depth):
-                self.end_killed.add(r)
-                outs.append(Kill(r, "did not end within a lease after the job was over (hung)"))
-        return outs
 
     def on_ending(self, src: int, msg: Ending) -> list[Effect]:
         """A child's subtree is over (kept even from a rank not yet known as a child: a failure may make it one)."""

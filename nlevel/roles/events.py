@@ -17,7 +17,7 @@ from .ledger import Ledger
 from .messages import Message, Result, TaskFailure
 
 __all__ = [
-    "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "CheckpointLoaded",
+    "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "Overran", "CheckpointLoaded",
     "CheckpointWritten", "Event",
     "Send", "Kill", "Abandon", "WriteCheckpoint", "LoadCheckpoint", "Answer", "Log", "Effect",
 ]
@@ -62,6 +62,8 @@ class Ran:
         busy: Seconds they took together.
         longest: The longest of them (s).
         busy_sq: The sum of their squared times (s²; tasks timed together count as equal).
+        times: Each task's seconds, in order, when the loop timed them one by one (the runtime's
+            loop does: one clock read per task); empty when only the total is known.
     """
 
     done: Ranges = ()
@@ -71,6 +73,7 @@ class Ran:
     busy: float = 0.0
     longest: float = 0.0
     busy_sq: float = 0.0
+    times: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,15 @@ class DrainRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Overran:
+    """This rank's own task ``task`` has run ``seconds``, past ``--task-timeout`` (told by the runtime,
+    which watches the task from another thread)."""
+
+    task: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointLoaded:
     """The ledger a :class:`LoadCheckpoint` read (None: no usable checkpoint; ``error`` says why)."""
 
@@ -124,7 +136,8 @@ class CheckpointWritten:
     error: str = ""
 
 
-Event = Union[Received, Tick, Died, Ran, NeedIds, Leave, Stop, DrainRequest, CheckpointLoaded, CheckpointWritten]
+Event = Union[Received, Tick, Died, Ran, NeedIds, Leave, Stop, DrainRequest, Overran, CheckpointLoaded,
+              CheckpointWritten]
 
 
 # -- effects ---------------------------------------------------------------------------------

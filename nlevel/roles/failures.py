@@ -18,10 +18,11 @@ from typing import Final
 from ..model.hierarchy import Hierarchy, Role, build
 from ..ranges import RangeSet
 from .core import StationCore
-from .events import CheckpointLoaded, Effect, Kill, LoadCheckpoint, Send
+from .events import CheckpointLoaded, Effect, LoadCheckpoint, Send
 from .ledger import Ledger
 from .messages import FailureRecord, Gone, Holding, Message, Mirror, Report
 from .recovery import Reconciliation, deputy, expected, reconciler
+from .watch import BEATS
 from .master import Master
 from .region import Region
 from .server import LEAF, UPPER, Server
@@ -539,7 +540,7 @@ class Failures(StationCore):
         waiting = (len(d.mirror_done) + len(d.mirror_failed) + len(self.failures) - self.mirrored_failures
                    + len(d.mirror_timeouts) + int(moved) + int(marked))
         if not waiting:
-            if now - self.mirror_sent < self.config.lease_min / 4:
+            if now - self.mirror_sent < self.config.lease / BEATS:
                 return []
             self.mirror_sent = now  # a heartbeat: the deputy watches for the master's silence
             return [Send(self.mirror_to, Mirror((), (), d.ledger.total, d.ledger.width, fresh=self.reserve))]

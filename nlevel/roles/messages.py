@@ -20,7 +20,8 @@ its fields (cheap to pickle); the tag says which class it is. Pure Python, no MP
   board operation at the board's owner (an MPI without usable one-sided operations).
 * :class:`Gone`: "these ranks are dead" from the rank that found out (a process that exited
   is never reported by MPI): to every live rank.
-* :class:`Heartbeat`: master -> its watchers (the ranks after the deputy that also watch it).
+* :class:`Heartbeat`: every rank -> its parent, and the master -> its watchers, when it has sent
+  them nothing else for a beat (a fifth of ``--lease``): the proof of life leases rest on.
 * :class:`TimedOut`: ids that ran past ``--task-timeout`` (to the rank that requeues them,
   or to the master without fault tolerance).
 * The end (see :mod:`nlevel.roles.ending`): child -> parent :class:`Ending` (its subtree is
@@ -250,7 +251,11 @@ class Gone:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """Master to a watcher: still alive (the deputy gets :class:`Mirror` heartbeats instead)."""
+    """Still alive: a rank to its parent, the master to a watcher (the deputy gets :class:`Mirror` copies instead).
+
+    Sent by a thread that runs whatever the rank's task does, so a task of any length never
+    silences it; a process that is stopped, or whose task holds the GIL, stops beating.
+    """
 
     epoch: int = 0  # the sender's plan epoch (informational)
 

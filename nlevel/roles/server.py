@@ -274,40 +274,19 @@ class Server:
         self.take_back(ids.ranges())
         return len(ids), quarantined
 
-    def overdue(self, now: float, lease_min: float, lease_factor: float) -> list[int]:
-        """Children holding ids that have been silent longer than their lease (hung processes).
+    def overdue(self, now: float, lease: float) -> list[int]:
+        """Children not heard from (a claim, a report, a heartbeat) for ``lease`` seconds: hung processes.
 
-        The lease is ``lease_min + lease_factor * longest task * ceil(held / weight)``; no
-        lease runs before any task has finished below (nothing is known of task times yet).
+        Each is returned once (it is then being killed). Every live rank beats whatever its task
+        does (see :mod:`nlevel.roles.watch`), so a task of any length never expires a lease.
         """
-        if self.task_max <= 0:
-            return []
         late = []
         for child in self.children.values():
-            if child.rank == self.rank or not child.held or child.leased:
+            if child.rank == self.rank or child.leased:
                 continue
-            per = math.ceil(len(child.held) / max(1, child.weight))
-            if now - child.heard > lease_min + lease_factor * self.task_max * per:
+            if now - child.heard > lease:
                 child.leased = "lease expired (hung)"
                 late.append(child.rank)
-        return late
-
-    def timed_out(self, now: float, limit: float) -> list[tuple[int, RangeSet]]:
-        """Ranks that compute (this server's own loop included) whose ids have run past ``limit`` s each.
-
-        A child's clock starts when it last took ids or reported (``heard``); ``k`` ids held
-        may take ``k * limit``. Each is returned once (it is then being killed or given up), with
-        the ids it holds, which are counted toward their quarantine as timeouts.
-        """
-        late = []
-        for child in self.children.values():
-            if child.kind != LEAF or not child.held or child.leased:
-                continue
-            if now - child.heard > limit * len(child.held):
-                child.leased = f"ran past --task-timeout {limit:g} s"
-                for tid in child.held if len(child.held) <= 10_000 else ():
-                    self.timeouts[tid] = self.timeouts.get(tid, 0) + 1
-                late.append((child.rank, child.held.copy()))
         return late
 
     # -- the boards -----------------------------------------------------------------------

@@ -20,8 +20,8 @@ from typing import Final
 from ..ranges import RangeSet
 from .ending import Closing
 from .events import (
-    Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Leave, Log, NeedIds, Ran,
-    Received, Send, Stop, Tick,
+    Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Leave, Log, NeedIds, Overran,
+    Ran, Received, Send, Stop, Tick,
 )
 from .messages import (
     Ack, BoardOp, BoardReply, Drain, Ending, Gone, Heartbeat, Holding, KillRequest, Message, Mirror, Regroup, Release,
@@ -77,6 +77,9 @@ class Station(Replanning, Closing, Watching):
         if kind is CheckpointLoaded:
             assert isinstance(event, CheckpointLoaded)
             return self.loaded(event)
+        if kind is Overran:
+            assert isinstance(event, Overran)
+            return self.overran(event.task, event.seconds)
         if kind is CheckpointWritten:
             assert isinstance(event, CheckpointWritten)
             return self.finish_job() if event.final else []
@@ -113,8 +116,10 @@ class Station(Replanning, Closing, Watching):
         if src in self.failed:
             return []  # sent before it died; what it held is already back in a queue
         if isinstance(msg, Heartbeat):
-            return self.on_heartbeat()
+            return self.on_heartbeat(src)
         if isinstance(msg, Ending):
+            if self.ft and self.defer(src, msg):
+                return []  # (after the sender's reports set aside before it: one would drop it)
             return self.on_ending(src, msg)
         if isinstance(msg, Report):
             self.endings.pop(src, None)  # (an early Ending no longer holds: the child sends another)
@@ -209,7 +214,7 @@ class Station(Replanning, Closing, Watching):
         w = self.worker
         assert w is not None, f"rank {self.rank} runs no tasks"
         w.ran(event.done, event.results, event.failed, event.tasks, event.busy, event.longest, self.clock(),
-              event.busy_sq)
+              event.busy_sq, event.times)
 
     def need_ids(self) -> list[Effect]:
         """Put the next range in :attr:`hand`: from the queue, or claimed from the parent's board."""

@@ -1,43 +1,51 @@
-"""Who watches whom: leases of children, heartbeats of the master, task time limits. Pure Python.
+"""Who watches whom: heartbeats and leases, and task time limits. Pure Python.
 
-MPI reports a process that was killed, never one that hangs (SIGSTOP, a call that never
-returns) and never a task that runs too long. So:
+MPI reports a process that was killed, never one that hangs (SIGSTOP, a task that holds the
+GIL for ever) and never a task that runs too long. Liveness is a heartbeat, never inferred
+from task times, so a task of any length never makes its process look hung:
 
-* **Leases.** A server kills a child that holds ids and has been silent longer than its
-  lease (``lease_min + lease_factor x`` the longest task seen per id held), and a survivor
-  that does not answer a reconciliation within a lease.
-* **Watchers.** The master heartbeats to its first :data:`WATCHERS` survivors (the deputy
-  through its copy of the ledger, the next one with :class:`~nlevel.roles.messages.Heartbeat`);
-  each kills a master silent past a lease. The deputy judges at any time. The second
-  watcher judges only after it has itself waited for ids a whole lease: a rank reads its
-  messages only between its tasks, and watchers that judged while computing killed masters
-  that were working (tests/e2e/test_faults.py); a rank that has waited a lease has read
-  every heartbeat sent meanwhile. With the master and its deputy hung together, the ids
-  stop coming, the second watcher waits, and kills the master; the deputy, master in turn
-  and as silent, is killed one lease later, and the next survivor takes over from the
-  checkpoint file.
-* **Task time limit** (``--task-timeout``). A rank that computes and has held its ids
-  longer than the limit (per id) ran a task too long: with fault tolerance it is killed like
-  a hung one; without, it is given up (:class:`~nlevel.roles.events.Abandon`: MPI would end
-  the whole job if it were killed) and the job stops cleanly, to be resumed. Either way its
-  ids count toward quarantine as timeouts, and the master keeps the count across runs.
+* **Heartbeats.** Every rank sends its parent a :class:`~nlevel.roles.messages.Heartbeat`
+  every beat (:func:`beat_period`: a fifth of ``--lease``), and the master its watchers. The
+  runtime steps a rank's loop from a thread while the user's task runs
+  (:class:`~nlevel.runtime.rank.Runner`), so a rank beats (and answers messages) whatever its
+  task does; a process that is stopped, or whose task holds the GIL, does not.
+* **Leases.** A server kills a child it has not heard from (a claim, a report, a beat) for
+  ``--lease``, and a survivor that does not answer a reconciliation within one.
+* **Watchers.** The master's first :data:`WATCHERS` survivors after it watch it: the deputy
+  through its copy of the ledger (:class:`~nlevel.roles.messages.Mirror`, sent at least every
+  beat), the next one through Heartbeats. The deputy kills a master silent for a lease; the
+  second watcher waits two, so that it acts only when the deputy cannot (hung with the
+  master). Then the deputy, master in turn and as silent, is killed two leases later, and the
+  next survivor takes over from the checkpoint file.
+* **Task time limit** (``--task-timeout``). Each rank watches its own task: the runtime
+  tells it, with :class:`~nlevel.roles.events.Overran`, that the task in hand has run past the
+  limit. With fault tolerance the rank tells its parent (the master: its deputy) and is
+  killed; without, it is given up (:class:`~nlevel.roles.events.Abandon`: MPI would end the
+  whole job if it were killed) and the job stops cleanly, to be resumed. Either way the id
+  counts toward quarantine as a timeout, and the master keeps the count across runs. A task
+  that holds the GIL past the limit silences the thread that would tell: its lease catches it.
 """
 
 from __future__ import annotations
 
 from ..model.hierarchy import Hierarchy, Role
-from ..ranges import RangeSet
 from .core import StationCore
 from .events import Abandon, Effect, Kill, Send
 from .master import Master
 from .messages import FailureRecord, Gone, Heartbeat, TimedOut
 from .recovery import deputy
-from .region import Region
 
-__all__ = ["Watching", "WATCHERS", "watchers"]
+__all__ = ["Watching", "WATCHERS", "BEATS", "beat_period", "watchers"]
 
-#: How many ranks watch the master (the deputy first; the second judges only while it waits for ids).
+#: How many ranks watch the master (the deputy first; the second judges after two leases).
 WATCHERS = 2
+#: Beats per lease: a rank is taken for hung only after this many beats in a row went missing.
+BEATS = 5
+
+
+def beat_period(lease: float) -> float:
+    """Seconds between two beats of a rank (see :data:`BEATS`)."""
+    return lease / BEATS
 
 
 def watchers(h: Hierarchy) -> list[int]:
@@ -51,29 +59,36 @@ def watchers(h: Hierarchy) -> list[int]:
     return out
 
 
-def _first(ids: RangeSet) -> int:
-    return ids.first() if ids else -1
-
-
 class Watching(StationCore):
     """The watching part of a station: leases, the master's watchers, task time limits."""
 
-    # -- the master's heartbeat -------------------------------------------------------------
+    # -- heartbeats --------------------------------------------------------------------------
     def heartbeats(self) -> list[Effect]:
-        """The master: a Heartbeat to each watcher now and then (the deputy has its Mirror under fault tolerance)."""
-        if not isinstance(self.server, Master):
-            return []
+        """Every beat: a Heartbeat to this rank's parent; the master's to its watchers (the deputy
+        has the master's Mirror copies under fault tolerance)."""
         now = self.clock()
-        if now - self.heartbeat_sent < self.config.lease_min / 4:
+        if now - self.heartbeat_sent < beat_period(self.config.lease) or self.released is not None:
             return []
         self.heartbeat_sent = now
-        dep = deputy(self.hierarchy) if self.ft else None
         beat = Heartbeat(self.epoch)
-        return [Send(r, beat) for r in watchers(self.hierarchy) if r != dep]
+        if isinstance(self.server, Master):
+            dep = deputy(self.hierarchy) if self.ft else None
+            return [Send(r, beat) for r in watchers(self.hierarchy) if r != dep and r not in self.failed]
+        parent = self.info.parent
+        if parent is None or parent in self.failed:
+            return []
+        return [Send(parent, beat)]
 
-    def on_heartbeat(self) -> list[Effect]:
-        """The master is alive."""
-        self.master_heard = self.clock()
+    def on_heartbeat(self, src: int) -> list[Effect]:
+        """Rank ``src`` is alive: a child (its lease starts again), or the master this rank watches."""
+        now = self.clock()
+        d = self.server
+        if d is not None:
+            child = d.children.get(src)
+            if child is not None:
+                child.heard = now
+        if src == self.hierarchy.master:
+            self.master_heard = now
         return []
 
     def watch_master(self) -> list[Effect]:
@@ -87,18 +102,17 @@ class Watching(StationCore):
             self.watching = h.master  # a new master (or a new watcher): its lease starts now
             self.master_heard = now
             return []
-        w = self.worker
-        longest = w.task_times.hi if w is not None and w.task_times.n else 0.0
-        lease = self.config.lease_min + self.config.lease_factor * longest
-        if not self.ft and self.pending_release is not None:
+        lease = self.config.lease
+        if self.rank != deputy(h):
+            lease *= 2  # (the deputy judges first; this one only when the deputy cannot)
+        if self.pending_release is not None:
             # The master is releasing the job (its last checkpoint written) and may be writing its
-            # report, heartbeats stopped: killed now it could not be replaced, the job would end
-            # without its report. Only a master hung far longer is killed (not a hang of the job).
+            # report while nothing steps its loop: killed now, the job would end without its report
+            # (or with the deputy's, which lacks the other ranks' rows). Only a master hung far
+            # longer is killed.
             lease *= 6
         if now - self.master_heard <= lease:
             return []
-        if self.rank != deputy(h) and (w is None or w.wait_started is None or now - w.wait_started <= lease):
-            return []  # (not the deputy: it judges only once it has waited for ids, reading messages, a lease)
         self.master_heard = now
         return [Kill(h.master, "was silent past its lease as the master (hung)")]
 
@@ -111,65 +125,55 @@ class Watching(StationCore):
 
     # -- leases and time limits ---------------------------------------------------------------
     def lease_kills(self) -> list[Effect]:
-        """Children silent past their lease, survivors that do not answer a reconciler within one, and
-        ranks whose task ran past ``--task-timeout``: kill them (or give them up, see the module docstring).
+        """Children silent for a lease and survivors that do not answer a reconciler within one: kill them.
 
         MPI then reports them dead; without ULFM the job stops and the checkpoint resumes it: never a hang.
         """
         d = self.server
         if d is None:
             return []
-        c = self.config
+        lease = self.config.lease
         now = self.clock()
-        limit = c.task_timeout
-        # Every lease is at least lease_min: looking ten times per lease_min (or per time limit)
-        # finds a silent child at most 10 % late, instead of scanning every child on every tick.
-        period = min(c.lease_min, limit) / 10 if limit else c.lease_min / 10
-        if now - self.leases_checked < period:
+        # Looking ten times per lease finds a silent child at most 10 % late, instead of scanning
+        # every child on every tick.
+        if now - self.leases_checked < lease / 10:
             return []
         self.leases_checked = now
-        outs: list[Effect] = []
-        if limit:
-            for r, ids in d.timed_out(now, limit):
-                outs += self._expired(r, ids, limit)
-        late = [(r, "held tasks past its lease (hung)") for r in d.overdue(now, c.lease_min, c.lease_factor)]
+        late = [(r, "was silent for a lease (hung: stopped, or its task holds the GIL)")
+                for r in d.overdue(now, lease)]
         recon = self.recon
-        if recon is not None and recon.expected and now - recon.started > c.lease_min + c.lease_factor * d.task_max:
+        if recon is not None and recon.expected and now - recon.started > lease:
             late += [(r, "did not answer a reconciliation within a lease") for r in sorted(recon.expected - recon.killed)]
             recon.killed |= recon.expected
-        return outs + [Kill(r, why) for r, why in late]
+        return [Kill(r, why) for r, why in late]
 
     def _host(self, rank: int) -> str:
         return self.hosts[rank] if 0 <= rank < len(self.hosts) else ""
 
-    def _expired(self, rank: int, ids: RangeSet, limit: float) -> list[Effect]:
-        """Rank ``rank`` (this one's own loop included) held ``ids`` past the time limit."""
-        held = f"task {_first(ids)}" if len(ids) == 1 else "one of tasks " + ", ".join(
-            f"{a}" if b == a + 1 else f"{a}-{b - 1}" for a, b in ids.ranges()[:4])
-        why = f"ran {held} past --task-timeout {limit:g} s"
+    def overran(self, task: int, seconds: float) -> list[Effect]:
+        """This rank's own task ``task`` has run ``seconds``, past ``--task-timeout`` (the runtime watches it).
+
+        Its parent (the master's: its deputy) must count the timeout, since this rank goes: killed
+        under fault tolerance, given up without. The master too without fault tolerance: given up,
+        it serves no more and its deputy takes over, counts the timeout and stops the job. The
+        deputy has no copy of the ledger then: it takes over from the checkpoint the master writes
+        as it leaves (see Loop.perform), which must hold this timeout too, the count of earlier
+        runs included (the deputy's own count starts at 1, and a merge keeps the larger).
+        """
+        limit = self.config.task_timeout
+        if not limit or self.abandoned or task in self.overran_tasks:
+            return []
+        self.overran_tasks.add(task)
+        ids = ((task, task + 1),)
+        why = f"ran task {task} past --task-timeout {limit:g} s"
         outs: list[Effect] = []
-        notice = TimedOut(rank, ids.ranges(), limit, self._host(rank))
-        if rank != self.rank:
-            if isinstance(self.server, Master):
-                outs += self.note_timeout(rank, ids.ranges())
-            else:
-                outs.append(Send(self.hierarchy.master, notice))
-            outs.append(Kill(rank, why) if self.ft else Abandon(rank, why))
-            return outs
-        # This rank's own task: its successor must count the timeout, since this rank goes. The
-        # master too without fault tolerance: given up, it serves no more and its deputy takes
-        # over, counts the timeout and stops the job. The deputy has no copy of the ledger then:
-        # it takes over from the checkpoint the master writes as it leaves (see Loop.perform),
-        # which must hold this timeout too, the count of earlier runs included (the deputy's own
-        # count starts at 1, and a merge keeps the larger). (Only in the master's ledger, the
-        # count was lost with it, and the job ran on to the end.)
-        successor = self.info.parent if isinstance(self.server, Region) else deputy(self.hierarchy)
-        if successor is not None:
-            outs.append(Send(successor, notice))
+        successor = self.info.parent if self.info.parent is not None else deputy(self.hierarchy)
+        if successor is not None and successor not in self.failed:
+            outs.append(Send(successor, TimedOut(self.rank, ids, limit, self._host(self.rank))))
         if isinstance(self.server, Master) and (successor is None or not self.ft):
-            outs += self.note_timeout(rank, ids.ranges())
+            outs += self.note_timeout(self.rank, ids)
         # (the last rank is given up even under fault tolerance: killed, nobody would end the job)
-        outs.append(Kill(rank, why) if self.ft and not self.alone else Abandon(rank, why))
+        outs.append(Kill(self.rank, why) if self.ft and not self.alone else Abandon(self.rank, why))
         return outs
 
     def note_timeout(self, rank: int, ids: tuple[tuple[int, int], ...]) -> list[Effect]:
@@ -193,6 +197,9 @@ class Watching(StationCore):
     def on_timed_out(self, msg: TimedOut) -> list[Effect]:
         """A task ran past its limit somewhere below: count it here (quarantine), and at the master."""
         d = self.server
+        child = d.children.get(msg.rank) if d is not None else None
+        if child is not None and not child.leased:
+            child.leased = f"ran past --task-timeout {msg.seconds:g} s"
         if d is not None:
             for a, b in msg.ids:
                 for tid in range(a, min(b, a + 10_000)):

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import math
 from enum import Enum
-from typing import Callable
+from typing import Callable, Final
 
 from ..ranges import RangeSet, Ranges
 from ..stats import RequestTimes, Summary
 from .board import Claim, Claimer, Memory
 from .messages import Report, Result, TaskFailure
 
-__all__ = ["Worker", "State", "staggered"]
+__all__ = ["Worker", "State", "staggered", "TIMED_ONE_BY_ONE"]
+
+#: Tasks shorter than this (s) on average are summarised by their mean: adding each to the
+#: task-time sketch (about 1.5 us a value) would cost more than 1 % of their time.
+TIMED_ONE_BY_ONE: Final = 1.5e-4
 
 
 class State(str, Enum):
@@ -68,7 +72,7 @@ class Worker:
         self.failed: list[TaskFailure] = []
         self.oldest = math.inf  # when the oldest unreported completion was recorded
         self.state = State.RUN
-        self.task_times = Summary(11)
+        self.task_times = Summary()
         self.tasks = 0  # tasks since the last report, their seconds, and the sum of their squares
         self.busy = 0.0
         self.busy_sq = 0.0
@@ -79,8 +83,14 @@ class Worker:
 
     # -- the user's loop ------------------------------------------------------------------
     def ran(self, done: Ranges, results: tuple[tuple[int, Result], ...], failed: tuple[TaskFailure, ...],
-            tasks: int, busy: float, longest: float, now: float, busy_sq: float = 0.0) -> None:
-        """Record what the user's loop finished; the hand shrinks past it."""
+            tasks: int, busy: float, longest: float, now: float, busy_sq: float = 0.0,
+            times: tuple[float, ...] = ()) -> None:
+        """Record what the user's loop finished; the hand shrinks past it.
+
+        ``times``: each task's seconds, when known one by one; the task-time summary then holds
+        each (its quantiles: a heavy tail shows), unless the tasks are too short for their timing
+        to matter (:data:`TIMED_ONE_BY_ONE`).
+        """
         if done:
             if len(done) == 1:
                 a, last = done[0]
@@ -105,11 +115,19 @@ class Worker:
         if tasks:
             self.tasks += tasks
             self.busy += busy
-            self.busy_sq += busy_sq if busy_sq > 0 else busy * busy / tasks
-            if tasks == 1:
-                self.task_times.add(busy)
+            if times and busy >= TIMED_ONE_BY_ONE * tasks:
+                add = self.task_times.add
+                sq = 0.0
+                for t in times:
+                    add(t)
+                    sq += t * t
+                self.busy_sq += sq
             else:
-                self.task_times.add_many(busy / tasks, tasks, longest)
+                self.busy_sq += busy_sq if busy_sq > 0 else busy * busy / tasks
+                if tasks == 1:
+                    self.task_times.add(busy)
+                else:
+                    self.task_times.add_many(busy / tasks, tasks, longest)
 
     def refill(self, mem: Memory | None, now: float) -> Claim | None:
         """Put the next range in hand: from the queue, else claimed from the parent's board.

@@ -264,7 +264,10 @@ class FarmRuntime:
         self.port.ended_here = self._ended_here
         self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval,
                          timer=time.perf_counter)
-        self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided")
+        # (the pulse does MPI from its own thread: without MPI_THREAD_MULTIPLE a rank beats only
+        # between tasks, and a task longer than --lease looks hung: said once, below)
+        self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided",
+                             pulse=t.thread_multiple)
         if self.rank == 0 or cfg.ft:  # (the master, or a rank that may become master)
             self.runner.after_step, self.runner.prepare_takeover = self._release_when_ended, ckpt.h5 if path else None
         self.progress: Any = None
@@ -282,6 +285,10 @@ class FarmRuntime:
             self.recorder.start()
         if self.grants_note and self.rank == 0:
             sys.stderr.write(f"nlevel: {self.grants_note}\n")
+        if not t.thread_multiple and self.size > 1 and self.station.worker is not None:
+            sys.stderr.write(f"nlevel: rank {self.rank}: this MPI does not provide MPI_THREAD_MULTIPLE: the rank beats "
+                             f"only between tasks, so a task longer than --lease ({cfg.lease:g} s) looks hung; "
+                             f"raise --lease above your longest task\n")
         if early is not None:
             self.loop.perform(early[1])  # (what stocking asked for: e.g. the final checkpoint of a finished job)
         elif self.station.server is not None:

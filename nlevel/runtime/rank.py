@@ -9,7 +9,14 @@ runs the loop's steps and when:
   ``server_period`` when they are not (it never spins, and it is never on a child's
   grant path: children claim one-sidedly);
 * a serve-only server runs them in its main thread until the job is over;
-* a slave runs them only while its user loop waits for ids.
+* a slave runs them while its user loop waits for ids, and between two ranges.
+
+Every rank that computes also has a *pulse*: a thread that wakes every ``look`` seconds while
+the user's task runs, steps the loop when nothing else has for that long (the rank beats,
+answers a recovery's question, hears a drain or a plan change, whatever its task does: a task
+of any length never makes it look hung), and tells the station when the task in hand has run
+past ``--task-timeout``. A process that is stopped, or whose task holds the GIL, does neither:
+its parent's lease finds it.
 
 One lock guards the station: the user's loop takes it once per range, not per id.
 """
@@ -24,7 +31,7 @@ from typing import Any, Callable
 
 from ..config import Config
 from ..errors import NlevelError
-from ..roles.events import DrainRequest, Ran
+from ..roles.events import DrainRequest, Overran, Ran
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import KillRequest, Message, TaskFailure
@@ -93,6 +100,7 @@ class MpiPort:
             self.log(f"{why}: killing this process")
             from .transport import kill_self
 
+            t.flush(timeout=1.0)  # (its TimedOut first: the parent counts the timeout toward quarantine)
             sys.stdout.flush()
             kill_self()
         if rank in t.failed:
@@ -228,7 +236,8 @@ class Runner:
         two_sided: Boards are reached by messages: a server answers them promptly.
     """
 
-    def __init__(self, station: Station, loop: Loop, config: Config, two_sided: bool = False) -> None:
+    def __init__(self, station: Station, loop: Loop, config: Config, two_sided: bool = False,
+                 pulse: bool = True) -> None:
         self.station = station
         self.loop = loop
         self.config = config
@@ -256,6 +265,15 @@ class Runner:
         #: master's recovery).
         self.prepare_takeover: Callable[[], Any] | None = None
         self._seen: Any = None  # the hierarchy _prepare last looked at
+        #: The task the user's loop runs now, as (id, since when), or None (set by the farm; read
+        #: by the pulse, which tells the station when it runs past ``--task-timeout``).
+        self.current_task: Callable[[], tuple[int, float] | None] | None = None
+        self._pulse_on = pulse and station.worker is not None
+        self._pulse: threading.Thread | None = None
+        self._pulse_stop = threading.Event()
+        # Since when the user's code runs outside the runtime (None: the main thread is inside it
+        # and steps the loop itself). Read without the lock by the pulse: one attribute, set whole.
+        self._outside: float | None = None
 
     # -- the server's side ------------------------------------------------------------------
     def _threaded(self) -> bool:
@@ -267,7 +285,12 @@ class Runner:
                                                                and bool(self.config.task_timeout)))
 
     def start(self) -> None:
-        """Start the server thread if this rank serves others and computes (see :meth:`_threaded`)."""
+        """Start the pulse (a rank that computes) and the server thread if this rank serves others and
+        computes (see :meth:`_threaded`)."""
+        if self._pulse_on and self._pulse is None:
+            self._outside = clock()  # (the user's code runs until its first call)
+            self._pulse = threading.Thread(target=self._pulse_guarded, name="nlevel-pulse", daemon=True)
+            self._pulse.start()
         if self._threaded() and self._thread is None:
             self._handoff = False
             if self.config.switch_interval > 0:
@@ -303,12 +326,47 @@ class Runner:
             if self._thread is not threading.current_thread():
                 self._prepare()  # (a serve-only rank: its main thread serves)
 
+    # -- the pulse --------------------------------------------------------------------------------
+    def _pulse_guarded(self) -> None:
+        try:
+            while not self._pulse_stop.wait(self.look):
+                self.pulse()
+        except BaseException as exc:  # surfaced in the main thread; never a silent hang
+            self.error = exc
+
+    def pulse(self) -> None:
+        """While the user's code runs: step the loop if nothing has for a look, and watch the task's time."""
+        since = self._outside
+        if since is None:
+            return  # (the main thread is in the runtime: it steps the loop itself)
+        now = clock()
+        limit = self.config.task_timeout
+        task = self.current_task() if limit and self.current_task is not None else None
+        th = self._thread
+        served = th is not None and th.is_alive()
+        overran = task is not None and limit is not None and now - task[1] > limit
+        if not overran and (served or now - self._last_tick < self.look):
+            return
+        with self.lock:
+            if self._outside is None:
+                return
+            if task is not None and overran:
+                self.loop.handle(Overran(task[0], now - task[1]))
+            if not served:
+                self._last_tick = now
+                self.loop.step()
+                self._serving()  # (a death or a plan change made this rank a server: it serves from now on)
+
     def _demand(self) -> bool:
         d = self.station.server
         return d is not None and any(o.waiting for o in d.owners.values())
 
     def stop(self) -> None:
-        """Stop the server thread (after the job) and give the user back Python's switch interval."""
+        """Stop the server thread and the pulse (after the job) and give the user back Python's switch interval."""
+        self._outside = None
+        self._pulse_stop.set()
+        if self._pulse is not None and self._pulse is not threading.current_thread():
+            self._pulse.join()
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -329,6 +387,14 @@ class Runner:
         if st.worker is None:
             self.serve()  # a serve-only server: its loop is the job's
             return None
+        self._outside = None
+        hand = self._next_range(ran)
+        if hand is not None:
+            self._outside = clock()
+        return hand
+
+    def _next_range(self, ran: Ran | None) -> tuple[int, int] | None:
+        st, loop = self.station, self.loop
         self._prepare()
         with self.lock:
             th = self._thread
@@ -401,6 +467,7 @@ class Runner:
 
     def leave(self, unstarted: tuple[tuple[int, int], ...], ran: Ran | None) -> None:
         """The user's loop left early: report what ran, give back the rest."""
+        self._outside = None
         with self.lock:
             if ran is not None:
                 self.loop.handle(ran)

@@ -402,7 +402,7 @@ class Engine:
         for st in self.stations:
             if st.worker is not None:
                 st.worker.claims = None  # (the engine times the claims: their cost is simulated, not measured)
-                st.worker.task_times = Summary(cap=0)
+                st.worker.task_times = Summary(quantiles=False)
         self.kills, self.drains, self.notice = check_faults(n, config.ft, kills, drains, notice)
 
     def _clock(self) -> float:

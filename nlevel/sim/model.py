@@ -436,7 +436,7 @@ def simulate(
     # No process hangs in a simulation; a lease that expired because a simulated server is
     # overloaded (its backlog delays the reports) must not kill anyone.
     # The costs are the machine's: a real job's planner reads them from the calibration.
-    config = (config or Config()).with_(lease_min=1e9, service_time=service_time, msg_time=msg_time,
+    config = (config or Config()).with_(lease=1e9, service_time=service_time, msg_time=msg_time,
                                         atomic_time=atomic_time, atomic_service=atomic_service)
     ft = bool(kills) if fault_tolerance is None else fault_tolerance
     if kills and not ft:

@@ -27,7 +27,7 @@ def handling_time(reports: int = 2000, size: int = 64) -> float:
     if reports < 1 or size < 2:
         raise ValueError(f"reports and size must be >= 1 and >= 2, got {reports} and {size}")
     plan = Plan(chunk=1)
-    config = Config(levels=2, chunk=1, lease_min=1e9, report_age=1e-4)  # (one report per task)
+    config = Config(levels=2, chunk=1, lease=1e9, report_age=1e-4)  # (one report per task)
     durations = [1e-3] * (reports + size)
     engine = Engine(build(size, plan), config, durations, Costs(msg_time=1e-6, service_time=1e-6))
     loop = engine.loops[0]

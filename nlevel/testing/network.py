@@ -26,7 +26,7 @@ from ..model.hierarchy import build
 from ..model.plan import Plan
 from ..ranges import RangeSet
 from ..roles.board import LocalMemory
-from ..roles.events import Died, DrainRequest, Received
+from ..roles.events import Died, DrainRequest, Overran, Received
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import Message, TaskFailure
@@ -144,6 +144,7 @@ class _User:
     leave_after: int | None = None
     ran: int = 0
     state: str = "need"  # need, run, wait, end, left
+    until: float = 0.0  # a long task (see Network's ``long``) runs until then
 
 
 @dataclass
@@ -190,8 +191,10 @@ class Network:
     def __init__(self, size: int, plan: Plan, total: int, seed: int, config: Config | None = None,
                  completed: tuple[tuple[int, int], ...] = (), raises: frozenset[int] = frozenset(),
                  boards: LocalBoards | None = None, exits: frozenset[int] = frozenset(),
-                 hangs: frozenset[int] = frozenset(), ledger: Ledger | None = None, pieces: float = 0.0) -> None:
+                 hangs: frozenset[int] = frozenset(), ledger: Ledger | None = None, pieces: float = 0.0,
+                 long: dict[int, float] | None = None) -> None:
         self.rng = random.Random(seed)
+        self.long = long or {}  # task id -> its seconds (the others take 1 ms, reported, and no simulated time)
         self.pieces = pieces
         self.size = size
         self.total = total
@@ -214,12 +217,14 @@ class Network:
         self.dead: set[int] = set()
         self.vanished: set[int] = set()  # dead without anyone being told
         self.hung: set[int] = set()  # alive and silent: never stepped again
-        self.stuck: set[int] = set()  # inside a task that never returns (a server's thread still steps)
+        self.stuck: dict[int, tuple[int, float]] = {}  # inside a task that never returns: (id, since); its
+        # loop still steps (the runtime's thread, while a task runs) and is told when the task overruns
         self.retired: dict[int, str] = {}  # ranks that left the job (Abandon of themselves)
         self.disk_error = ""
         self.report: dict[str, object] | None = None
         self.notices: dict[int, list[int]] = {}  # survivor -> dead ranks it has not heard of yet
-        self.disk: Ledger | None = None
+        # (a resumed job: the checkpoint file it resumed from holds the earlier run's commits)
+        self.disk: Ledger | None = _copy(self.ledger0) if self.ledger0.n_committed else None
         self.kills: list[tuple[int, str]] = []
         self.answers: dict[str, dict[str, object]] = {}
         self.requests: list[DrainRequest] = []
@@ -249,7 +254,7 @@ class Network:
         if rank in self.dead:
             return
         self.hung.discard(rank)
-        self.stuck.discard(rank)
+        self.stuck.pop(rank, None)
         st = self.stations[rank]
         self.at_risk.add_ranges(st.holding().ranges())
         for (src, dest), q in self.channels.items():
@@ -296,8 +301,9 @@ class Network:
         self.clock.t += rng.random() * 1e-3
         silent = self.hung | set(self.retired)
         live = [k for k, q in self.channels.items() if q and k[1] not in silent]
+        now = self.clock.t
         runnable = [r for r, u in self.users.items() if u.state in ("need", "run", "wait") and r not in silent
-                    and r not in self.stuck]
+                    and r not in self.stuck and u.until <= now]
         noticed = [r for r, n in self.notices.items() if n and r not in self.dead and r not in silent]
         choice = rng.random()
         if noticed and choice < 0.1:
@@ -317,12 +323,21 @@ class Network:
         # a tick somewhere (servers first: they are what moves the job when users wait); a rank
         # whose user loop is over keeps ticking until the master releases it (the end)
         stations = self.stations
+        limit = self.config.task_timeout
+        for r, (tid, since) in list(self.stuck.items()):
+            if r not in silent and limit and self.clock.t - since > limit:
+                del self.stuck[r]  # (told once; it is killed or given up)
+                self.loops[r].handle(Overran(tid, self.clock.t - since))
+                return True
         servers = [r for r in range(self.size) if r not in self.dead and r not in silent
-                   and not stations[r].done_serving and (r not in self.stuck or stations[r].server is not None)]
+                   and not stations[r].done_serving]
         waiting = [r for r, u in self.users.items() if u.state == "wait" and r not in silent and r not in self.stuck]
         ending = [r for r in self.live() if r not in self.hung and stations[r].released is None
                   and (stations[r].ended or stations[r].server is not None) and r not in self.stuck]
-        pool = servers + waiting + ending
+        # (the runtime steps a rank's loop while its task runs: one that never returns, or a long one)
+        busy = [r for r in self.stuck if r not in silent] + [r for r, u in self.users.items()
+                                                              if u.until > now and r not in silent]
+        pool = servers + waiting + ending + busy
         master = self.master() if self.live() else None
         if master is not None and master not in self.hung and stations[master].released is None:
             ready = stations[master].ready()
@@ -361,6 +376,12 @@ class Network:
             u.hand, u.next_id, u.done_from, u.state = hand, hand[0], hand[0], "run"
             return
         tid = u.next_id
+        if tid in self.long and not u.until:
+            u.until = self.clock.t + self.long[tid]  # it runs from now; its loop steps meanwhile
+            return
+        if u.until > self.clock.t:
+            return
+        u.until = 0.0
         if u.leave_after is not None and u.ran >= u.leave_after:
             # Leave in the middle of a range: what ran is reported, the rest goes back.
             if tid > u.done_from:
@@ -375,7 +396,7 @@ class Network:
             self.vanish(r)  # the task ended its process (os._exit from C, say): nobody is told
             return
         if tid in self.hangs:
-            self.stuck.add(r)  # never returns; a server's thread still runs
+            self.stuck[r] = (tid, self.clock.t)  # never returns; the rank's loop still steps
             return
         u.ran += 1
         u.next_id = tid + 1

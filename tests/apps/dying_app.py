@@ -18,7 +18,7 @@ def add_arguments(parser):
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--sleep-ms", type=float, default=2.0)
     parser.add_argument("--die-task", type=int, default=50)
-    parser.add_argument("--how", choices=["exit", "os_exit", "raise", "segfault", "memory", "hang", "forever"], default="exit")
+    parser.add_argument("--how", choices=["exit", "os_exit", "raise", "segfault", "memory", "hang", "forever", "gil"], default="exit")
     parser.add_argument("--poison", action="store_true")
     parser.add_argument("--die-rank", type=int, default=-1, help="instead: rank R dies at its --die-after-th task")
     parser.add_argument("--die-after", type=int, default=10)
@@ -132,5 +132,9 @@ def do_job(task_id):
                 raise MemoryError(f"task {task_id} ran out of memory")
             if _opts.how == "hang":
                 os.kill(os.getpid(), 19)  # SIGSTOP: a C call that never returns, as far as anyone can tell
+            if _opts.how == "gil":
+                import re  # catastrophic backtracking: C code that holds the GIL for hours
+
+                re.match(r"(a+)+$", "a" * 48 + "b")
     time.sleep(_opts.sleep_ms / 1e3)
     return float(task_id)

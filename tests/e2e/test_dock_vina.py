@@ -312,39 +312,6 @@ def test_cli_without_rdkit_names_the_extra_in_one_line(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-class _World:
-    """Stands for MPI.COMM_WORLD as ``apps.dock_like._comm`` returns it: a size and a rank."""
-
-    def __init__(self, size: int, rank: int) -> None:
-        self.size, self.rank = size, rank
-
-    def Get_size(self) -> int:
-        return self.size
-
-    def Get_rank(self) -> int:
-        return self.rank
-
-
-def test_rank0_of_several_warns_once_about_the_lease_unless_one_is_given(tmp_path, monkeypatch, caplog):
-    o = options(tmp_path, "--engine", "vina", "--target", "ABL1")
-    monkeypatch.delenv("NLEVEL_LEASE_MIN", raising=False)
-    warned = []
-    for size, rank, lease_min in ((2, 0, None), (2, 1, None), (1, 0, None), (2, 0, 3600.0)):
-        monkeypatch.setattr(app, "_comm", lambda: _World(size, rank))
-        o.lease_min = lease_min
-        caplog.clear()
-        app._warn_about_leases(o)
-        warned.append([r.getMessage() for r in caplog.records])
-    assert len(warned[0]) == 1 and "pass --lease-min longer than your slowest ligand" in warned[0][0]
-    assert warned[1:] == [[], [], []]  # another rank, one process (no lease runs), a lease given
-    monkeypatch.setenv("NLEVEL_LEASE_MIN", "3600")
-    o.lease_min = None
-    monkeypatch.setattr(app, "_comm", lambda: _World(2, 0))
-    caplog.clear()
-    app._warn_about_leases(o)
-    assert caplog.records == []
-
-
 # ---------------------------------------------------------------- the Vina engine
 
 
@@ -403,7 +370,7 @@ def test_abl1_inhibitors_rank_above_the_decoys(tmp_path):
     inhibitor above the decoys' median, or P >= 0.8) failed for some seed.
     """
     done = run_app(tmp_path, 2, "--engine", "vina", "--target", "ABL1", "--library", ENRICHMENT, "--exhaustiveness", "1",
-                   "--checkpoint", "run.h5", "--lease-min", "900", timeout=280)
+                   "--checkpoint", "run.h5", timeout=280)
     assert done.returncode == 0, done.stderr
     hits = hitlist.read_hits(str(tmp_path / "hits.h5"))
     assert (hits["status"] == 0).all() and len(hits["id"]) == 12

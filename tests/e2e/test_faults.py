@@ -19,7 +19,7 @@ APP = "tests.apps.logging_app"
 KILL_TO_END_S = 30.0  # without ULFM, a failure must end the job within this long
 
 
-LEASE_MIN = "2"  # seconds: a SIGSTOPped rank is found by its lease (default 10 s) sooner
+LEASE = "2"  # seconds: a SIGSTOPped rank is found by its lease (default 5 s) sooner
 
 
 def launch(tmp_path, mpi_env, logs, size, plan, n, schedule, *, ft=None, timeout=90.0, sleep_ms=5):
@@ -28,7 +28,7 @@ def launch(tmp_path, mpi_env, logs, size, plan, n, schedule, *, ft=None, timeout
     args = [APP, "--n", str(n), "--sleep-ms", str(sleep_ms), "--checkpoint", "run.h5",
             "--checkpoint-interval", "0.1", "--report", "r.json", "--quiet"]
     if schedule is not None and schedule.signal == "STOP":
-        args += ["--lease-min", LEASE_MIN]
+        args += ["--lease", LEASE]
     # inject.run kills the whole job (process group + every marked pid) on a hang and
     # after any failure, so nothing outlives the test.
     return inject.run(size, plan, args, schedule, ft=ft, cwd=str(tmp_path), env=env,

@@ -123,11 +123,11 @@ def test_a_task_that_raises_once_succeeds_on_retry(tmp_path, mpi_env):
 def test_a_hung_process_is_killed_when_its_lease_expires(tmp_path, mpi_env, rank):
     """SIGSTOP: MPI sees nothing; the parent's lease (the deputy's, for the master) finds it."""
     proc, report, runs = run_job(tmp_path, mpi_env, 4, ["--n", "300", "--how", "hang", "--die-rank", str(rank),
-                                                         "--die-after", "15", "--levels", "2", "--lease-min", "2"])
+                                                         "--die-after", "15", "--levels", "2", "--lease", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["complete"] and report["dead_ranks"] == [rank]
     assert completed_ids(tmp_path / "run.h5") == set(range(300))
-    assert any(f"rank {rank} " in line and "past its lease" in line and line.endswith("killed it")
+    assert any(f"rank {rank} " in line and "silent for a lease" in line and line.endswith("killed it")
                for line in proc.stderr.splitlines()), proc.stderr[-3000:]
 
 

@@ -187,7 +187,7 @@ def test_a_new_master_of_a_resumed_job_hands_out_no_id_an_earlier_run_committed(
 @pytest.mark.parametrize("seed", range(3))
 def test_the_master_and_its_deputy_hung_together_are_killed_in_turn_not_a_hang(plan, seed):
     """Issue 14: the second watcher, once it has waited a lease for ids, kills the silent master, then the deputy."""
-    config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance="on", lease_min=0.5)
+    config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance="on", lease=0.5)
     total = 400
     out = Network(7, plan, total, seed, config=config).run(kills=[(60 + seed * 5, 0, "hang"), (61 + seed * 5, 1, "hang")])
     check(out, total)
@@ -199,7 +199,7 @@ def test_the_master_and_its_deputy_hung_together_are_killed_in_turn_not_a_hang(p
 @pytest.mark.parametrize("seed", range(3))
 def test_a_master_hung_after_releasing_everyone_is_killed_by_the_deputy_it_has_not_released(seed):
     """Issue 14 (the soak's last hang): the master stopped between its Releases and its own end."""
-    config = Config(levels=2, fault_tolerance="on", lease_min=0.5)
+    config = Config(levels=2, fault_tolerance="on", lease=0.5)
     total = 200
     net = Network(6, Plan(2), total, seed, config=config)
 
@@ -212,6 +212,18 @@ def test_a_master_hung_after_releasing_everyone_is_killed_by_the_deputy_it_has_n
     assert out.kills == [(0, "was silent past its lease as the master (hung)")]
     assert out.ledger.complete() and all(n == 1 for n in out.executed.values())
     assert all(net.stations[r].released is not None for r in net.live())
+
+
+@pytest.mark.parametrize("ft", ["on", "off"])
+@pytest.mark.parametrize("plan", [Plan(2), Plan(3, (2,))])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_long_task_on_a_live_rank_is_never_taken_for_a_hang(ft, plan, seed):
+    """Issue 34: liveness is a heartbeat. Tasks of 6 and 8 leases, among tasks of 1 ms, kill nobody: their
+    ranks' loops step while they run (the runtime's pulse), so they beat and answer."""
+    config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance=ft, lease=0.25)
+    out = Network(7, plan, 200, seed, config=config, long={30: 2.0, 150: 1.5}).run()
+    check(out, 200)
+    assert out.kills == [] and not out.dead and not out.ledger.failed
 
 
 @settings(max_examples=80, deadline=None)
@@ -255,7 +267,7 @@ def test_a_task_that_kills_its_process_is_quarantined_alone_not_with_its_range(s
     """Issue 14: ids held beside a poison task died with it three times and were quarantined with it,
     some without ever running. After a death its ids are handed out one per range, so only an id
     that ran (and whose completion was lost with the process three times) can share its fate."""
-    config = Config(levels=2, fault_tolerance="on", chunk=4, lease_min=0.5)
+    config = Config(levels=2, fault_tolerance="on", chunk=4, lease=0.5)
     total = 200
     out = Network(8, Plan(2), total, seed, config=config, exits=frozenset({17})).run()
     led = out.ledger

@@ -7,7 +7,7 @@ import pytest
 from nlevel.config import Config
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
-from nlevel.roles.events import Abandon, CheckpointLoaded, Kill, LoadCheckpoint, Send
+from nlevel.roles.events import Abandon, CheckpointLoaded, Kill, LoadCheckpoint, Overran, Send
 from nlevel.roles.ledger import Ledger
 from nlevel.roles.messages import TimedOut
 from nlevel.roles.station import Station
@@ -22,7 +22,6 @@ def master_running_17(ft: str, earlier: int) -> tuple[Station, list[float]]:
                  LocalBoards(), 40, ledger)
     child = st.server.children[0]  # (its own worker: a child of its server)
     child.held.add(17, 18)
-    child.heard = 0.0
     now[0] = 5.0
     return st, now
 
@@ -33,7 +32,7 @@ def test_without_fault_tolerance_the_master_counts_its_own_timeout_before_it_lea
     takes over from that file: the count of earlier runs plus this one must be in it (the deputy's
     own count starts at 1, and loading keeps the larger)."""
     st, _ = master_running_17("off", earlier)
-    outs = st.lease_kills()
+    outs = st.handle(Overran(17, 5.0))  # (the runtime's pulse saw task 17 run 5 s)
     assert st.ledger.timeouts == {17: earlier + 1}
     assert [o.dest for o in outs if isinstance(o, Send) and isinstance(o.msg, TimedOut)] == [1]  # (the deputy)
     assert [o.rank for o in outs if isinstance(o, Abandon)] == [0]
@@ -42,7 +41,7 @@ def test_without_fault_tolerance_the_master_counts_its_own_timeout_before_it_lea
 
 def test_under_fault_tolerance_the_deputy_counts_it_from_its_copy():
     st, _ = master_running_17("on", 2)
-    outs = st.lease_kills()
+    outs = st.handle(Overran(17, 5.0))
     assert st.ledger.timeouts == {17: 2}  # (the deputy's copy counts it; the master is killed)
     assert [o.dest for o in outs if isinstance(o, Send) and isinstance(o.msg, TimedOut)] == [1]
     assert [o.rank for o in outs if isinstance(o, Kill)] == [0]
@@ -75,7 +74,7 @@ def test_the_last_rank_gives_itself_up_and_counts_its_ids_death_itself(ft):
     child = st.server.children[0]
     child.held.add(17, 18)
     now[0] = 5.0
-    outs = st.lease_kills()
+    outs = st.handle(Overran(17, 5.0))
     assert st.alone and [o.rank for o in outs if isinstance(o, Abandon)] == [0]
     assert not [o for o in outs if isinstance(o, Kill)]
     assert st.abandon_self("ran task 17 past --task-timeout 1 s") == []  # (nobody to tell)
@@ -84,3 +83,21 @@ def test_the_last_rank_gives_itself_up_and_counts_its_ids_death_itself(ft):
     [f] = st.failures
     assert (f.rank, f.role, f.how, f.detected_by, f.held, f.requeued, f.quarantined) == \
         (0, "master", "ran task 17 past --task-timeout 1 s", 0, 1, 0, (17,))
+
+
+def test_a_task_is_told_overrun_once_and_only_with_a_limit():
+    st, _ = master_running_17("on", 0)
+    assert [type(o).__name__ for o in st.handle(Overran(17, 5.0))].count("Kill") == 1
+    assert st.handle(Overran(17, 6.0)) == []  # (being killed already)
+    st2 = Station(build(4, Plan(2)), 2, Config(levels=2, fault_tolerance="on"), lambda: 0.0, LocalBoards(), 40)
+    assert st2.handle(Overran(3, 1e6)) == []  # (no --task-timeout: a long task is never the lease's business)
+
+
+@pytest.mark.parametrize("ft", ["off", "on"])
+def test_a_slave_past_the_limit_tells_its_parent_which_counts_the_timeout(ft):
+    st = Station(build(4, Plan(2)), 2, Config(levels=2, fault_tolerance=ft, task_timeout=1.0), lambda: 0.0,
+                 LocalBoards(), 40)
+    outs = st.handle(Overran(9, 1.5))
+    [notice] = [o for o in outs if isinstance(o, Send) and isinstance(o.msg, TimedOut)]
+    assert notice.dest == 0 and notice.msg.ids == ((9, 10),) and notice.msg.rank == 2
+    assert [type(o) for o in outs if isinstance(o, (Kill, Abandon))] == [Kill if ft == "on" else Abandon]

@@ -45,7 +45,7 @@ CASES = [
 @pytest.mark.parametrize("procs,plan", CASES, ids=lambda c: getattr(c, "describe", lambda: str(c))())
 def test_every_task_committed_exactly_once(procs, plan):
     total = 20 * procs + 7
-    config = Config(levels=plan.levels, regions=plan.regions, chunk=plan.chunk, serve_only=plan.serve_only, lease_min=1e9)
+    config = Config(levels=plan.levels, regions=plan.regions, chunk=plan.chunk, serve_only=plan.serve_only, lease=1e9)
     engine = Engine(build(procs, plan), config, durations(total), Costs(2.5e-4, 3e-5))
     result = engine.run()
     ledger = result.ledger

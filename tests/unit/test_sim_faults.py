@@ -27,7 +27,7 @@ def no_calibration(tmp_path, monkeypatch):
 def run(n, plan, kills=(), drains=(), tasks_per=20, ft=True, seed=1):
     d = make_durations(n * tasks_per, task_time=(2 * MS, 5 * MS), seed=seed)
     cfg = Config(levels=plan.levels, regions=plan.regions, chunk=plan.chunk, fault_tolerance="on" if ft else "off",
-                 lease_min=1e9)
+                 lease=1e9)
     return Engine(build(n, plan), cfg, d, Costs(5e-5, 5e-4), kills=kills, drains=drains).run(), len(d)
 
 
@@ -68,7 +68,7 @@ def test_a_new_master_hands_out_fresh_ids_while_the_survivors_say_what_they_hold
     """
     n, plan = 64, Plan(3, (4,), chunk=1)
     d = make_durations(n * 20, task_time=(1.0, 3.0), seed=1)
-    cfg = Config(levels=3, regions=(4,), chunk=1, fault_tolerance="on", lease_min=1e9)
+    cfg = Config(levels=3, regions=(4,), chunk=1, fault_tolerance="on", lease=1e9)
     base = Engine(build(n, plan), cfg, d, Costs(5e-5, 5e-4)).run()
     r = Engine(build(n, plan), cfg, d, Costs(5e-5, 5e-4), kills=[(10.0, 0)]).run()
     exactly_once(r, len(d))
@@ -87,7 +87,7 @@ def test_a_recovery_that_waited_for_a_second_death_counts_from_it():
     second death was found: its recovery_ms counts from then, the wait is waited_ms."""
     plan, n = Plan(3, (4,), chunk=1), 16
     d = make_durations(n * 20, task_time=(1.0, 3.0), seed=1)
-    cfg = Config(levels=3, regions=(4,), chunk=1, fault_tolerance="on", lease_min=1e9)
+    cfg = Config(levels=3, regions=(4,), chunk=1, fault_tolerance="on", lease=1e9)
     alone = Engine(build(n, plan), cfg, d, Costs(5e-5, 5e-4), kills=[(5.0, 12)]).run()
     [first] = alone.failures
     assert first["waited_ms"] is None and first["recovery_ms"] > 300  # (slaves answer between tasks of 1-3 s)
@@ -246,7 +246,7 @@ def test_draining_a_whole_region_of_a_deep_tree_costs_what_it_costs_a_shallow_on
     d = make_durations(256 * 20, task_time=(2.0, 5.0), seed=1)
     ends = []
     for plan in (Plan(4, (4, 4)), Plan(3, (4,))):
-        cfg = Config(levels=plan.levels, regions=plan.regions, fault_tolerance="off", lease_min=1e9)
+        cfg = Config(levels=plan.levels, regions=plan.regions, fault_tolerance="off", lease=1e9)
         r = Engine(build(256, plan), cfg, d, Costs(5e-5, 5e-4), drains=[(30.0, 64)]).run()
         assert r.tasks_run == len(d) and len(r.drained) == 64
         ends.append(r.makespan)

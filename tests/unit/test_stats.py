@@ -3,7 +3,7 @@ import statistics
 
 import pytest
 
-from nlevel.stats import RequestTimes, Summary
+from nlevel.stats import ACCURACY, RequestTimes, Summary
 
 
 def test_merged_summaries_equal_the_whole():
@@ -19,7 +19,7 @@ def test_merged_summaries_equal_the_whole():
     assert abs(total.mean - statistics.fmean(xs)) < 1e-9
     assert abs(total.std - statistics.stdev(xs)) < 1e-9
     assert total.lo == min(xs) and total.hi == max(xs)
-    assert abs(total.quantile(0.5) - statistics.median(xs)) < 0.15
+    assert abs(total.quantile(0.5) - statistics.median(xs)) <= ACCURACY * statistics.median(xs) * 1.01
 
 
 def test_request_parts():
@@ -31,16 +31,35 @@ def test_request_parts():
     assert d["dispose"]["mean"] == pytest.approx(100.0)
 
 
-def test_the_full_reservoir_stays_a_uniform_sample_of_the_stream():
-    """Algorithm L: every value of the stream is as likely to be kept (late ones are not favoured or lost)."""
-    n, cap, kept_late, means = 50_000, 256, 0, []
-    for seed in range(20):
-        s = Summary(seed=seed, cap=cap)
-        for i in range(n):
-            s.add(float(i))
-        assert len(s.sample) == cap and s.n == n
-        means.append(sum(s.sample) / cap)
-        kept_late += sum(1 for v in s.sample if v >= 0.9 * n)
-    assert abs(sum(means) / len(means) - n / 2) < 0.03 * n  # (sd of the mean here: ~0.013 n)
-    assert 0.07 < kept_late / (20 * cap) < 0.13  # the last tenth of the stream: a tenth of the sample
-    assert s.quantile(0.5) == sorted(s.sample)[cap // 2]
+def test_quantiles_of_a_heavy_tail_are_within_one_percent():
+    """Docking-like times (2.5-850 s, heavy-tailed): a reservoir of 512 missed the tail; the sketch
+    reports every quantile within its relative accuracy, however the values were split and merged."""
+    rng = random.Random(3)
+    xs = [rng.paretovariate(1.1) * 2.5 for _ in range(20_000)]
+    parts = [Summary() for _ in range(5)]
+    for i, x in enumerate(xs):
+        parts[i % 5].add(x)
+    total = Summary()
+    for p in parts:
+        total.merge(p)
+    ordered = sorted(xs)
+    for q in (0.5, 0.9, 0.99, 0.999):
+        true = ordered[int(q * (len(xs) - 1))]
+        assert abs(total.quantile(q) - true) <= ACCURACY * true * 1.01 + 1e-12, q
+    assert total.quantile(1.0) == max(xs)
+
+
+def test_a_batch_timed_together_counts_as_equal_values():
+    s = Summary()
+    s.add_many(0.002, 1000, hi=0.004)
+    s.add(40.0)
+    assert s.n == 1001 and s.hi == 40.0
+    assert s.quantile(0.5) == pytest.approx(0.002, rel=ACCURACY)
+    assert s.quantile(1.0) == 40.0
+
+
+def test_a_summary_without_quantiles_keeps_no_sketch():
+    s = Summary(quantiles=False)
+    for x in range(100):
+        s.add(float(x))
+    assert s.sketch is None and s.quantile(0.5) == 0.0 and s.mean == pytest.approx(49.5)
