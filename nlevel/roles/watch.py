@@ -114,7 +114,7 @@ class Watching(StationCore):
         if now - self.master_heard <= lease:
             return []
         self.master_heard = now
-        return [Kill(h.master, "was silent past its lease as the master (hung)")]
+        return [Kill(h.master, "was silent for a lease as the master (hung)")]
 
     def watched(self) -> list[int]:
         """Ranks whose processes this rank checks are still there (its children, and the master it watches)."""

@@ -191,8 +191,8 @@ def test_the_master_and_its_deputy_hung_together_are_killed_in_turn_not_a_hang(p
     total = 400
     out = Network(7, plan, total, seed, config=config).run(kills=[(60 + seed * 5, 0, "hang"), (61 + seed * 5, 1, "hang")])
     check(out, total)
-    assert out.kills == [(0, "was silent past its lease as the master (hung)"),
-                         (1, "was silent past its lease as the master (hung)")]
+    assert out.kills == [(0, "was silent for a lease as the master (hung)"),
+                         (1, "was silent for a lease as the master (hung)")]
     assert out.dead == {0, 1}
 
 
@@ -209,7 +209,7 @@ def test_a_master_hung_after_releasing_everyone_is_killed_by_the_deputy_it_has_n
 
     net.stations[0].release_deputy = hang_instead  # type: ignore[method-assign]
     out = net.run()
-    assert out.kills == [(0, "was silent past its lease as the master (hung)")]
+    assert out.kills == [(0, "was silent for a lease as the master (hung)")]
     assert out.ledger.complete() and all(n == 1 for n in out.executed.values())
     assert all(net.stations[r].released is not None for r in net.live())
 
