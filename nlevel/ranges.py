@@ -12,7 +12,7 @@ import bisect
 import types
 from typing import Final, Iterable, Iterator
 
-__all__ = ["Ranges", "RangeSet"]
+__all__ = ["Ranges", "RangeSet", "Tally"]
 
 # (Final: the compiled simulator calls them without looking them up in this module each time)
 bisect_left: Final = bisect.bisect_left
@@ -423,3 +423,83 @@ class RangeSet:
         out._stops = list(self._stops)
         out._count = self._count
         return out
+
+
+class Tally:
+    """How many times each id was counted (e.g. deaths of processes that held it), as ranges.
+
+    ``levels[k]`` holds the ids counted more than ``k`` times, so adding a count to a million
+    ids held as one range costs a few range operations, and memory grows with the ranges of
+    ids ever counted, never with the ids themselves (a dead region-master held 10^8).
+    """
+
+    __slots__ = ("levels",)
+
+    def __init__(self, levels: Iterable[Ranges] = ()) -> None:
+        self.levels: list[RangeSet] = [RangeSet(r) for r in levels]
+
+    def __bool__(self) -> bool:
+        return bool(self.levels) and bool(self.levels[0])
+
+    def add(self, ids: Ranges, times: int = 1) -> None:
+        """Count each id of ``ids`` ``times`` more."""
+        for _ in range(times):
+            levels = self.levels
+            levels.append(RangeSet())
+            for k in range(len(levels) - 1, 0, -1):  # (top down: each id moves up one level)
+                below = levels[k - 1]
+                for a, b in ids:
+                    levels[k].add_ranges(below.within(a, b))
+            levels[0].add_ranges(ids)
+            if not levels[-1]:
+                levels.pop()
+
+    def count(self, tid: int) -> int:
+        """How many times ``tid`` was counted."""
+        n = 0
+        for level in self.levels:
+            if tid not in level:
+                break
+            n += 1
+        return n
+
+    def at_least(self, n: int, ids: Ranges | None = None) -> RangeSet:
+        """The ids counted at least ``n`` times (among ``ids``, when given)."""
+        if n <= 0 or n > len(self.levels):
+            return RangeSet()
+        level = self.levels[n - 1]
+        if ids is None:
+            return level.copy()
+        out = RangeSet()
+        for a, b in ids:
+            out.add_ranges(level.within(a, b))
+        return out
+
+    def raise_to(self, other: Tally) -> None:
+        """Each id's count becomes the larger of its two counts (a copy made elsewhere)."""
+        for k, level in enumerate(other.levels):
+            if k == len(self.levels):
+                self.levels.append(RangeSet())
+            self.levels[k].add_ranges(level.ranges())
+
+    def set_at_least(self, tid: int, n: int) -> None:
+        """Count ``tid`` at least ``n`` times."""
+        while len(self.levels) < n:
+            self.levels.append(RangeSet())
+        for k in range(n):
+            self.levels[k].add(tid, tid + 1)
+
+    def forget(self, ids: Ranges) -> None:
+        """Drop the counts of ``ids`` (they succeeded)."""
+        for level in self.levels:
+            level.remove_ranges(ids)
+        while self.levels and not self.levels[-1]:
+            self.levels.pop()
+
+    def ranges(self) -> tuple[Ranges, ...]:
+        """The levels as ranges (for a message or a copy)."""
+        return tuple(level.ranges() for level in self.levels)
+
+    def copy(self) -> Tally:
+        """An independent copy."""
+        return Tally(self.ranges())

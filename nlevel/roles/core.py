@@ -18,7 +18,7 @@ from typing import Any, Callable, Final
 from ..config import Config
 from ..model.hierarchy import Hierarchy, Role
 from ..model.plan import Plan
-from ..ranges import Ranges, RangeSet
+from ..ranges import Ranges, RangeSet, Tally
 from .autoplan import AutoPlanner
 from .board import FINAL
 from .events import Effect, Send, WriteCheckpoint
@@ -102,7 +102,7 @@ class StationCore:
         self.recon: Reconciliation | None = None
         self.mirror: Ledger | None = None
         self.mirror_failures: list[FailureRecord] = []
-        self.mirror_deaths: dict[int, int] = {}  # the deputy: the master's death counts per id
+        self.mirror_deaths = Tally()  # the deputy: the master's death counts per id
         self.mirror_hand: Ranges = ()  # the deputy: what the master's own loop held at the last copy
         self.hand_sent: Ranges = ()  # the master: its own loop's holding as last copied
         # Ids at or above this mark were never handed out: the master keeps it ahead of what it

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Final
 
 from ..model.hierarchy import Hierarchy, Role, build
-from ..ranges import RangeSet
+from ..ranges import Ranges, RangeSet, Tally
 from .core import StationCore
 from .events import CheckpointLoaded, Effect, LoadCheckpoint, Send
 from .ledger import Ledger
@@ -229,8 +229,8 @@ class Failures(StationCore):
             self.mirror.fail(f)
         for tid, k in msg.timeouts:
             self.mirror.timeouts[tid] = k
-        for tid, k in msg.deaths:
-            self.mirror_deaths[tid] = max(k, self.mirror_deaths.get(tid, 0))
+        if msg.deaths:
+            self.mirror_deaths.raise_to(Tally(msg.deaths))
         if msg.hand is not None:
             self.mirror_hand = msg.hand
         if msg.fresh >= 0:
@@ -329,8 +329,7 @@ class Failures(StationCore):
             self._absorb(old_d, d)
             d.high = self.reserve  # (the ids above it, self.free, go out on the next tick: see Station.tick)
             d.count_timeouts(self.ledger.timeouts)
-            for tid, k in self.mirror_deaths.items():  # (counted by the master that died)
-                d.deaths[tid] = max(k, d.deaths.get(tid, 0))
+            d.deaths.raise_to(self.mirror_deaths)  # (counted by the master that died)
         elif info.role is Role.REGION and old_d is None:
             assert info.parent is not None
             d = Region(nh, self.rank, {}, self.clock, self.boards, self.sizing, info.parent, c.batch, c.batch_age,
@@ -466,14 +465,12 @@ class Failures(StationCore):
             # that death counts toward quarantine, unlike the rest of its queue.
             inside = RangeSet()
             for a, b in self.mirror_hand:
-                for tid in range(a, min(b, a + 10_000)):
-                    if tid in lost:
-                        inside.add(tid, tid + 1)
+                inside.add_ranges(lost.within(a, b))
             lost.remove_ranges(inside.ranges())
             self.mirror_hand = ()
             if inside:
                 d.requeue_lost(inside, *where, count=True)
-        n, quarantined = d.requeue_lost(lost, *where, count=not recon.everything)
+        n, quarantined = d.requeue_lost(lost, *where, count=not recon.everything, in_flight=False)
         wall = self.wall()
         for record in recon.records:
             self.failures.append(record.closed(n, tuple(quarantined), wall, since=recon.last_death))
@@ -517,9 +514,9 @@ class Failures(StationCore):
         return True
 
     @staticmethod
-    def _deaths(d: Master) -> tuple[tuple[int, int], ...]:
-        """The master's death counts per id, for the deputy (not when they are too many to copy)."""
-        return tuple(d.deaths.items()) if len(d.deaths) <= 10_000 else ()
+    def _deaths(d: Master) -> tuple[Ranges, ...]:
+        """The master's death counts, for the deputy (as ranges per count: a few, whatever the ids held)."""
+        return d.deaths.ranges()
 
     def mirror_out(self, force: bool = False) -> list[Effect]:
         """The master: send the deputy what was committed since the last copy (batched), or a heartbeat."""

@@ -199,7 +199,7 @@ class Mirror:
     failures: tuple[FailureRecord, ...] = ()  # the master's failure records (the report survives it too)
     failed: tuple[TaskFailure, ...] = ()  # tasks recorded failed
     timeouts: tuple[tuple[int, int], ...] = ()  # (id, times it ran past --task-timeout), newly counted
-    deaths: tuple[tuple[int, int], ...] = ()  # (id, processes that died holding it): quarantine outlives the master
+    deaths: tuple[Ranges, ...] = ()  # ids held by more than k processes that died, for each k: quarantine outlives the master
     hand: Ranges | None = None  # what the master's own loop holds now (None: unchanged since the last copy)
     fresh: int = -1  # no id at or above this was handed out yet (-1: not known): a successor hands them out at once
 

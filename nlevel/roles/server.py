@@ -30,7 +30,7 @@ from typing import Callable, Final
 
 from ..model.cost import CHUNK_TARGET, HORIZON, auto_ids
 from ..model.hierarchy import Hierarchy
-from ..ranges import RangeSet, Ranges
+from ..ranges import RangeSet, Ranges, Tally
 from .board import MAX_LEN, Boards, Memory, Owner
 from .messages import Report, Result, TaskFailure
 from .child import Child
@@ -127,7 +127,7 @@ class Server:
         # Fault tolerance.
         self.settled = RangeSet()  # ids reported finished or given back without being held
         self.track_settled = False
-        self.deaths: dict[int, int] = {}  # id -> processes that died holding it
+        self.deaths = Tally()  # processes that died holding each id (ranges: a region-master held 10^8)
         self.timeouts: dict[int, int] = {}  # id -> times a rank holding it ran past --task-timeout
         # Ids a computing rank held when it died or ran past --task-timeout: published one per
         # range from now on, so that the next death (or timeout) holding one names it alone.
@@ -248,7 +248,7 @@ class Server:
         return self._block_weight
 
     def requeue_lost(self, ids: RangeSet, rank: int = -1, host: str = "", how: str = "",
-                     count: bool = True) -> tuple[int, list[int]]:
+                     count: bool = True, in_flight: bool = True) -> tuple[int, list[int]]:
         """Ids held by a process that died: queue them again; return (requeued, quarantined ids).
 
         An id held by ``quarantine`` processes that died is not run again: it is recorded
@@ -256,16 +256,22 @@ class Server:
         kind ``"timeout"`` when a rank holding it ran past ``--task-timeout``, else ``"died"``.
         ``rank``, ``host`` and ``how``: the last death, for that record.
         ``count=False``: the ids were not in flight (a dead master's queue): no death counts.
+        ``in_flight=False``: a server died holding them, most of them stock that never ran: the
+        death counts, but quarantines nothing by itself; the ids it brings to the limit go out
+        alone from now on (suspects), and the next death holding one decides.
         """
         quarantined: list[int] = []
-        if count and len(ids) <= 100_000:  # (a dead region-master's stock is not counted one by one)
-            for tid in ids:
-                n = self.deaths[tid] = self.deaths.get(tid, 0) + 1
-                if n >= self.quarantine:
-                    quarantined.append(tid)
+        if count and ids:
+            held = ids.ranges()
+            self.deaths.add(held)
+            over = self.deaths.at_least(self.quarantine, held)
+            if over and not in_flight:
+                self.suspects.add_ranges(over.ranges())
+            elif over:
+                quarantined = list(over)
         for tid in quarantined:
             ids.remove(tid, tid + 1)
-            n, late = self.deaths[tid], self.timeouts.get(tid, 0)
+            n, late = self.deaths.count(tid), self.timeouts.get(tid, 0)
             why = f"quarantined: held by {n} processes that died" + (f", {late} of them past --task-timeout" if late
                                                                      else "")
             if how:
@@ -445,7 +451,7 @@ class Server:
         deaths toward the quarantine, and as suspects."""
         for tid, k in timeouts.items():
             self.timeouts[tid] = max(k, self.timeouts.get(tid, 0))
-            self.deaths[tid] = max(k, self.deaths.get(tid, 0))
+            self.deaths.set_at_least(tid, k)
             self.suspects.add(tid, tid + 1)
 
     def _isolate(self, ranges: Ranges, most: int) -> Ranges:
