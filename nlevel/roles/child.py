@@ -10,7 +10,7 @@ __all__ = ["Child"]
 class Child:
     """What a server knows of one child (a rank, or its own worker)."""
 
-    __slots__ = ("rank", "weight", "kind", "held", "left", "heard", "leased", "gone_weight")
+    __slots__ = ("rank", "weight", "kind", "held", "left", "heard", "leased", "gone_weight", "running", "running_at")
 
     def __init__(self, rank: int, weight: int, kind: int) -> None:
         self.rank = rank
@@ -21,3 +21,5 @@ class Child:
         self.heard = 0.0  # when it last took ids or reported (its lease runs from here)
         self.leased = ""  # why it is being killed: its lease expired, or its task ran past the time limit
         self.gone_weight = 0  # a sub-region: ranks of its weight that left or died, as it last said
+        self.running = 0.0  # seconds its subtree had spent in tasks still running, at its last heartbeat ...
+        self.running_at = 0.0  # ... heard then

@@ -92,6 +92,7 @@ class StationCore:
         self.watching: int | None = None  # the master this rank watches now
         self.heartbeat_sent = -1e300
         self.overran_tasks: set[int] = set()  # this rank's own tasks past --task-timeout, told once
+        self.own_running = 0.0  # seconds its user loop has spent in the task it runs now (see Tick)
         # The end (see nlevel.roles.ending).
         self.endings: dict[int, Any] = {}  # child -> its Ending
         self.end_key: tuple[Any, ...] | None = None  # what this rank's last Ending was made of

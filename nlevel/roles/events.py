@@ -34,7 +34,14 @@ class Received:
 
 @dataclass(frozen=True, slots=True)
 class Tick:
-    """Time passed: look at the boards, batches, leases, the planner."""
+    """Time passed: look at the boards, batches, leases, the planner.
+
+    ``running``: seconds this rank's user loop has spent in the task it runs now (0: none), as
+    the runtime sees it; it travels up with the heartbeats, so the progress line counts a task
+    that runs as busy, not only a task that has finished.
+    """
+
+    running: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ __all__ = ["Port", "Loop", "WATCH_PERIOD"]
 WATCH_PERIOD: Final = 0.05
 
 _NEED: Final = NeedIds()  # (frozen: one instance serves every plain request)
+_TICK: Final = Tick()
 
 
 class Port(Protocol):
@@ -115,6 +116,8 @@ class Loop:
         self.final_written = False
         self.checkpoint_error = ""
         self.watched_at = -1e300
+        #: Seconds the user's loop has spent in the task it runs now (None: not known here), for Tick.
+        self.running: Callable[[], float] | None = None
 
     # -- effects -----------------------------------------------------------------------------
     def handle(self, event: Event) -> None:
@@ -234,7 +237,8 @@ class Loop:
 
     def tick(self) -> None:
         """Time-driven work."""
-        self.handle(Tick())
+        running = self.running
+        self.handle(Tick(running()) if running is not None else _TICK)
 
     def control(self) -> None:
         """The master: the operator's requests, and a stop asked by signal."""

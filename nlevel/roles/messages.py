@@ -258,6 +258,7 @@ class Heartbeat:
     """
 
     epoch: int = 0  # the sender's plan epoch (informational)
+    running: float = 0.0  # seconds the sender's subtree has spent in tasks still running (the progress line's busy time)
 
 
 @dataclass(frozen=True, slots=True)

@@ -497,6 +497,8 @@ class Server:
             if unheld and not self.accounted(unheld):
                 self.scan(now, full=True)  # a claim the quick look missed (a ticket the ring lapped)
         child.heard = now
+        if report.tasks:
+            child.running = 0.0  # (what ran is in busy_below now; its next heartbeat says what runs)
         if report.weight > 0 and child.kind == UPPER:  # (a stranger is a LEAF child)
             self.reweigh(src, report.weight)  # (its ranks left or died)
         if report.task_max > self.task_max:

@@ -52,6 +52,8 @@ class Station(Replanning, Closing, Watching):
             assert isinstance(event, Received)
             return self.receive(event.src, event.msg)
         if kind is Tick:
+            assert isinstance(event, Tick)
+            self.own_running = event.running
             return self.tick()
         if kind is NeedIds:
             assert isinstance(event, NeedIds)
@@ -116,7 +118,7 @@ class Station(Replanning, Closing, Watching):
         if src in self.failed:
             return []  # sent before it died; what it held is already back in a queue
         if isinstance(msg, Heartbeat):
-            return self.on_heartbeat(src)
+            return self.on_heartbeat(src, msg.running)
         if isinstance(msg, Ending):
             if self.ft and self.defer(src, msg):
                 return []  # (after the sender's reports set aside before it: one would drop it)

@@ -70,7 +70,7 @@ class Watching(StationCore):
         if now - self.heartbeat_sent < beat_period(self.config.lease) or self.released is not None:
             return []
         self.heartbeat_sent = now
-        beat = Heartbeat(self.epoch)
+        beat = Heartbeat(self.epoch, self.running_now(now))
         if isinstance(self.server, Master):
             dep = deputy(self.hierarchy) if self.ft else None
             return [Send(r, beat) for r in watchers(self.hierarchy) if r != dep and r not in self.failed]
@@ -79,14 +79,27 @@ class Watching(StationCore):
             return []
         return [Send(parent, beat)]
 
-    def on_heartbeat(self, src: int) -> list[Effect]:
-        """Rank ``src`` is alive: a child (its lease starts again), or the master this rank watches."""
+    def running_now(self, now: float) -> float:
+        """Seconds this rank and its subtree have spent in tasks still running (as last heard from each):
+        busy time that no report has brought up yet (the progress line's measured overhead)."""
+        total = self.own_running
+        d = self.server
+        if d is not None:
+            for child in d.children.values():
+                if child.running > 0.0 and child.rank != self.rank:
+                    total += child.running + (now - child.running_at)
+        return total
+
+    def on_heartbeat(self, src: int, running: float = 0.0) -> list[Effect]:
+        """Rank ``src`` is alive: a child (its lease starts again), or the master this rank watches.
+        ``running``: its subtree's seconds in tasks still running."""
         now = self.clock()
         d = self.server
         if d is not None:
             child = d.children.get(src)
             if child is not None:
                 child.heard = now
+                child.running, child.running_at = running, now
         if src == self.hierarchy.master:
             self.master_heard = now
         return []

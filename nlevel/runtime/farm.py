@@ -268,6 +268,7 @@ class FarmRuntime:
         # between tasks, and a task longer than --lease looks hung: said once, below)
         self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided",
                              pulse=t.thread_multiple)
+        self.loop.running = self.runner.task_running
         if self.rank == 0 or cfg.ft:  # (the master, or a rank that may become master)
             self.runner.after_step, self.runner.prepare_takeover = self._release_when_ended, ckpt.h5 if path else None
         self.progress: Any = None

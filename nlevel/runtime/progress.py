@@ -38,8 +38,8 @@ def model_state(station: Any, size: int, elapsed: float) -> dict[str, Any]:
     not record (its decisions are plain dicts): ``plan`` (one line) and ``levels`` of the
     plan running now, ``reason`` (why it runs), ``decisions`` (made so far), ``rho`` (the
     model's ρ of the busiest server), ``rho_measured`` (the master's, measured),
-    ``predicted`` (overhead the model predicts for this plan), ``measured`` (1 − task time
-    heard / (size × elapsed)).
+    ``predicted`` (overhead the model predicts for this plan), ``measured`` (1 − (task time
+    heard + time of the tasks running now) / (size × elapsed)).
     """
     out: dict[str, Any] = {}
     plans = list(getattr(station, "plans", None) or [])
@@ -69,6 +69,13 @@ def model_state(station: Any, size: int, elapsed: float) -> dict[str, Any]:
             out["reason"] = last["reason"]
     busy = _number(getattr(getattr(station, "server", None), "busy_below", None))
     if busy is not None and size > 0 and elapsed >= 1.0:  # (before a second has passed it says little)
+        running = getattr(station, "running_now", None)
+        clock = getattr(station, "clock", None)
+        if callable(running) and callable(clock):
+            try:  # (tasks that run now are busy too: a docking screen is not 90 % waste while it docks)
+                busy += float(running(clock()))
+            except (RuntimeError, ValueError, TypeError):  # (a dict changed size under this thread: skip it)
+                pass
         out["measured"] = min(1.0, max(0.0, 1.0 - busy / (size * elapsed)))
     return out
 

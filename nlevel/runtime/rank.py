@@ -326,6 +326,13 @@ class Runner:
             if self._thread is not threading.current_thread():
                 self._prepare()  # (a serve-only rank: its main thread serves)
 
+    def task_running(self) -> float:
+        """Seconds the user's code has spent in the task it runs now (0: none, or inside the runtime)."""
+        if self._outside is None or self.current_task is None:
+            return 0.0
+        task = self.current_task()
+        return max(0.0, clock() - task[1]) if task is not None else 0.0
+
     # -- the pulse --------------------------------------------------------------------------------
     def _pulse_guarded(self) -> None:
         try:

@@ -29,7 +29,7 @@ SAMPLES = [
     BoardOp(1, "cas", 7, 3, 4),
     BoardReply((1, 2, 3)),
     Gone((4, 5), "task timeout"),
-    Heartbeat(3),
+    Heartbeat(3, 2.5),
     TimedOut(3, ((17, 18),), 2.5, "h"),
     Ending(({"rank": 3, "tasks": 7},), {"unexpected": 1, "failures": []}),
     Release(1, (2, 5), {"complete": False}, True),
