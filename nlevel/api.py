@@ -35,6 +35,7 @@ from .config import Config
 from .errors import ConfigError, NlevelError
 from .roles.events import Ran
 from .roles.messages import Result, TaskFailure
+from .roles.results import as_result, describe, shown
 
 __all__ = ["Farm", "get_task_id"]
 
@@ -49,7 +50,9 @@ class Farm:
     task. Leaving the ``with`` block (or exhausting the iterator) ends the farm on this
     rank: unstarted ids go back to be run elsewhere, and the call returns when the whole
     job is finished. An exception inside the ``with`` block aborts the job (no rank may
-    hang waiting for one that died).
+    hang waiting for one that died; under fault tolerance this rank dies and the others go
+    on), except an error :meth:`complete` raised: that one stops the job once, cleanly, and
+    is raised on to the caller (see :meth:`complete`).
 
     Args:
         total: Number of tasks (ids ``0 .. total - 1``).
@@ -68,8 +71,8 @@ class Farm:
             (``/failed``), with the ids not yet done; a record is cleared when its id
             succeeds and replaced when it fails again. Default: they are left out.
         config: Settings (default: ``NLEVEL_*`` variables, then defaults).
-        result_fields: Names of the numbers :meth:`complete` takes per task when it is
-            more than one (e.g. ``("score", "evaluations")``); default: one number.
+        result_fields: Names of the numbers :meth:`complete` takes per task (e.g. ``("score",)``
+            or ``("score", "evaluations")``); default: one number, unnamed.
 
     Raises:
         ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value.
@@ -119,7 +122,12 @@ class Farm:
         self._broke = False  # the user's code left `for task_id in farm` (what follows is not a task)
         self._results: list[tuple[int, Result]] = []
         self._failed: list[TaskFailure] = []
-        self._completed = -1  # the id complete() was last called for
+        self._completed = -1  # the id complete() (or fail()) was last called for ...
+        self._completed_by = ""  # ... and which of the two
+        self._width = len(self.result_fields) if self.result_fields else 1
+        # The last error complete() raised (an error in the program): left unhandled out of the
+        # with block, it stops the job once, cleanly (see _stop_for), instead of aborting it.
+        self._misuse: BaseException | None = None
         self._closed = False
         self._progress_started = False
         rt.runner.current_task = self._current_task
@@ -163,6 +171,7 @@ class Farm:
         a, b = hand  # (what is left of the hand after the last piece, or a new range)
         self._started_at = self._t = _clock()
         self._lo, self._cur, self._stop = a, a + 1, min(b, a + self._piece) if piece else b
+        self._completed = -1  # (an id can come back to a rank after a failure: its new run is a new task)
         return a
 
     def _ran(self, upto: int) -> Ran | None:
@@ -219,7 +228,23 @@ class Farm:
             return
         if self._closed and isinstance(exc, NlevelError):
             return  # the job's end was reached (every rank released); its error goes to the caller, no abort
+        if exc is not None and exc is self._misuse:
+            if not self._closed:
+                self._stop_for(self._misuse)
+            return  # (the error goes on to the caller; after the job's end nothing is left to stop)
         _abort_job(self.rank, "unhandled exception in the task loop", exc_type, exc, tb, self._rt.ft)
+
+    def _stop_for(self, exc: BaseException) -> None:
+        """An error :meth:`complete` raised left the user's loop: an error in the program, not in a task.
+
+        Not a death (under fault tolerance each rank that made the same mistake would die in
+        turn, every successive master with it): the job stops once, through the master, which
+        says why once; the tasks running elsewhere finish and are committed, and the other ranks
+        leave their loops as after a stop, without an error. This rank ends its part like any
+        other, then the error goes on to its caller; every process ends with exit status 1.
+        """
+        self._rt.runner.user_error(f"{type(exc).__name__}: {exc}")
+        self.close()
 
     # -- the current task ---------------------------------------------------------------------
     def complete(self, result: float | Sequence[float] | None = None) -> None:
@@ -230,42 +255,67 @@ class Farm:
         runs elsewhere.
 
         Args:
-            result: None, a number, or with ``result_fields`` a sequence of exactly that many numbers.
+            result: None, or the task's result: with ``n`` result fields a sequence of exactly
+                ``n`` numbers, and with one field (or none given) also a bare number. A number is an
+                ``int``, a ``float`` or a numpy integer or floating scalar (not a bool) that fits a
+                float64; it is stored as a float64, NaN and ±inf as they are.
 
         Raises:
-            ValueError: naming the task and what was expected.
+            ValueError: the result is not that (the message names the task, what was expected and why).
+            RuntimeError: no task is in hand (before the first id, after the loop), or ``complete``
+                (or :meth:`fail`) was already called for this task: "complete() already called for task 1".
+
+        Either is an error in the program, raised here on the calling rank, and the call is
+        void (the task stays uncompleted). Left unhandled out of the ``with`` block it stops
+        the job once, cleanly: the master says why, the tasks running elsewhere finish and are
+        committed, no other rank raises, and every process ends with exit status 1.
         """
         tid = self._cur - 1
-        self._completed = tid
-        if result is None:
-            return
-        fields = self.result_fields
-        try:
-            if fields is None:
-                value: Result = float(result)  # type: ignore[arg-type]
-            else:
-                value = tuple(float(v) for v in result)  # type: ignore[union-attr]
-                if len(value) != len(fields):
-                    raise ValueError
-        except (TypeError, ValueError):
-            want = "a number" if fields is None else f"{len(fields)} numbers ({', '.join(fields)})"
-            raise ValueError(f"result of task {tid} must be {want}, got {result!r}") from None
-        self._results.append((tid, value))
+        problem = self._not_in_hand(tid, "complete")
+        if problem:
+            raise self._misused(RuntimeError(problem))
+        if result is not None:
+            try:
+                value = as_result(result, self._width)
+            except ValueError as exc:
+                want = describe(self._width, self.result_fields)
+                raise self._misused(ValueError(f"result of task {tid} must be {want}, got {shown(result)}: {exc}")) \
+                    from None
+            self._results.append((tid, value))
+        self._completed, self._completed_by = tid, "complete"
+
+    def _not_in_hand(self, tid: int, call: str) -> str:
+        """Why ``call`` (complete or fail) cannot take task ``tid``: none is in hand, or it was done; "" if it can."""
+        if self._closed or tid < self._lo:
+            return f"{call}() called with no task in hand (before the loop's first id, or after the loop ended)"
+        if self._completed == tid:
+            return f"{self._completed_by}() already called for task {tid}"
+        return ""
+
+    def _misused(self, exc: BaseException) -> BaseException:
+        self._misuse = exc
+        return exc
 
     def fail(self, failure: TaskFailure | str) -> None:
         """The current task raised: the master retries it elsewhere or records it failed.
 
         Args:
             failure: What happened (a :class:`~nlevel.roles.messages.TaskFailure`, or the error text).
+
+        Raises:
+            RuntimeError: as :meth:`complete` (no task in hand, or this task completed or failed already).
         """
         tid = self._cur - 1
+        problem = self._not_in_hand(tid, "fail")
+        if problem:
+            raise self._misused(RuntimeError(problem))
         if isinstance(failure, str):
             from .runtime.transport import host
 
             failure = TaskFailure(tid, "raised", failure.strip().splitlines()[-1] if failure.strip() else "error",
                                   self.rank, host(), failure)
         self._failed.append(failure)
-        self._completed = tid
+        self._completed, self._completed_by = tid, "fail"
 
     # -- the end ----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -296,6 +346,12 @@ class Farm:
 
     def _exit_guard(self) -> None:
         """At interpreter exit: a rank leaving mid-job must not hang the others; after failures, skip MPI_Finalize."""
+        misuse = self._misuse
+        if not self._closed and getattr(sys, "last_value", None) is misuse and misuse is not None:
+            try:
+                self._stop_for(misuse)  # (a loop without a with block, left by the error complete() raised)
+            except Exception:
+                pass  # (then as any exit in the middle of the job, below)
         if not self._closed:
             sys.stderr.write(f"nlevel: rank {self.rank}: the process is exiting in the middle of the job\n")
             _die(self._rt.ft)
@@ -304,7 +360,15 @@ class Farm:
             sys.stderr.flush()
             from .runtime.launch import record_exit
 
+            if getattr(sys, "last_value", None) is not None:  # the script ends on an unhandled error: not a success
+                self._rt.exit_code = max(1, self._rt.exit_code)
             record_exit(self._rt.exit_code)  # (under ULFM mpiexec itself returns 0 whatever the ranks' statuses)
+            if not self._rt.ft and not self._rt.failed:
+                # mpiexec ends the job at the first non-zero exit: what the others still had to say
+                # (the error a rank raised, the master's report) is out first (MPI_Finalize waits for all).
+                from .runtime import transport
+
+                transport.finalize()
             os._exit(self._rt.exit_code)  # MPI_Finalize may hang after failures (see MPI_NOTES)
 
     # -- what the job did ---------------------------------------------------------------------

@@ -88,6 +88,10 @@ class StationCore:
         self.abandoned = False  # this rank gave itself up (its task hung, no fault tolerance)
         self.timeout_notes: list[tuple[int, tuple[tuple[int, int], ...]]] = []  # (rank, ids) timed out, for a successor
         self.stop_reason = ""  # why the master stopped the job early: "SIGUSR1", "task timeout", "checkpoint"
+        # Errors in the user's program (see roles.events.UserError): this rank's own, told again to
+        # each new master; and the master's record of every rank's (rank -> the error), first one first.
+        self.erred = ""
+        self.user_errors: dict[int, str] = {}
         self.master_heard = clock()  # a watcher: when the master was last heard (it heartbeats)
         self.watching: int | None = None  # the master this rank watches now
         self.heartbeat_sent = -1e300
@@ -319,6 +323,10 @@ class StationCore:
 
     def stop(self, reason: str = "SIGUSR1") -> list[Effect]:
         """The master stops the job early (see :class:`~nlevel.roles.station.Station`)."""
+        raise NotImplementedError
+
+    def user_error(self, rank: int, why: str, src: int | None = None) -> list[Effect]:
+        """An error in the user's program on ``rank`` (see :class:`~nlevel.roles.station.Station`)."""
         raise NotImplementedError
 
     def note_timeout(self, rank: int, ids: tuple[tuple[int, int], ...]) -> list[Effect]:

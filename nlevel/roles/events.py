@@ -18,7 +18,7 @@ from .messages import Message, Result, TaskFailure
 
 __all__ = [
     "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "Overran", "CheckpointLoaded",
-    "CheckpointWritten", "Event",
+    "CheckpointWritten", "UserError", "Event",
     "Send", "Kill", "Abandon", "WriteCheckpoint", "LoadCheckpoint", "Answer", "Log", "Effect",
 ]
 
@@ -143,8 +143,17 @@ class CheckpointWritten:
     error: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class UserError:
+    """The user's program erred on this rank where nlevel can tell: ``complete()`` refused a call
+    (a programming error, not a task failure; ``why``: the error, one line). The job stops once,
+    through the master (:class:`~nlevel.roles.messages.Halt`), and every rank ends with status 1."""
+
+    why: str
+
+
 Event = Union[Received, Tick, Died, Ran, NeedIds, Leave, Stop, DrainRequest, Overran, CheckpointLoaded,
-              CheckpointWritten]
+              CheckpointWritten, UserError]
 
 
 # -- effects ---------------------------------------------------------------------------------

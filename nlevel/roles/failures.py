@@ -152,6 +152,8 @@ class Failures(StationCore):
                 outs += self._mirror_full(dep)
         if self.server is not None:
             self.server.reconciling = self.recon is not None
+        if self.erred and nh.master != old.master:
+            outs += self.user_error(self.rank, self.erred)  # (the new master stops the job too)
         deferred, self.deferred = self.deferred, deque()
         for src, msg in deferred:
             outs += self.receive(src, msg)

@@ -26,6 +26,8 @@ its fields (cheap to pickle); the tag says which class it is. Pure Python, no MP
   or to the master without fault tolerance).
 * The end (see :mod:`nlevel.roles.ending`): child -> parent :class:`Ending` (its subtree is
   over, with its statistics); master -> every rank :class:`Release`.
+* rank -> master :class:`Halt`: the user's program erred on a rank (``complete()`` refused a
+  call): stop the job, every rank ends with status 1.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from ..ranges import Ranges
 __all__ = [
     "Tag", "Result", "TaskFailure", "FailureRecord",
     "Report", "Regroup", "Ack", "Holding", "Mirror", "Drain", "KillRequest", "BoardOp", "BoardReply",
-    "Gone", "Heartbeat", "TimedOut", "Ending", "Release", "Message", "MESSAGES", "TAGS", "encode", "decode",
+    "Gone", "Heartbeat", "TimedOut", "Ending", "Release", "Halt", "Message", "MESSAGES", "TAGS", "encode", "decode",
 ]
 
 #: A task's result: one number, or a fixed number of them (the app's result fields).
@@ -64,6 +66,7 @@ class Tag(IntEnum):
     TIMED_OUT = 24
     ENDING = 25
     RELEASE = 26
+    HALT = 27
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +76,8 @@ class TaskFailure:
     Attributes:
         id: The task id.
         kind: ``"raised"`` (the task raised), ``"died"`` (processes died holding it, until
-            it was quarantined) or ``"timeout"`` (it ran past ``--task-timeout``).
+            it was quarantined), ``"timeout"`` (it ran past ``--task-timeout``) or ``"bad result"``
+            (a report brought a result that cannot be stored, see :mod:`nlevel.roles.results`).
         error: One line: the exception, or how the process died.
         rank, host: Where it happened (-1 and "" when not known).
         traceback: The formatted traceback of a task that raised.
@@ -296,8 +300,18 @@ class Release:
     pending: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Halt:
+    """To the master: the user's program on rank ``rank`` erred where nlevel can tell (``complete()``
+    refused a call: a programming error, not a task failure; ``why``: the error, one line). The
+    master stops the job once (running tasks finish) and every rank ends with status 1."""
+
+    rank: int
+    why: str
+
+
 Message = Union[Report, Regroup, Ack, Holding, Mirror, Drain, KillRequest, BoardOp, BoardReply, Gone, Heartbeat,
-                TimedOut, Ending, Release]
+                TimedOut, Ending, Release, Halt]
 
 #: Each wire message class and its MPI tag. (A table, not a class attribute: the simulator's
 #: compiled build makes these classes native, and mypyc takes a class-level default for a field.)
@@ -316,6 +330,7 @@ TAGS: dict[type, Tag] = {
     TimedOut: Tag.TIMED_OUT,
     Ending: Tag.ENDING,
     Release: Tag.RELEASE,
+    Halt: Tag.HALT,
 }
 
 #: Every wire message class.

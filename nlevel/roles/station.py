@@ -21,13 +21,14 @@ from ..ranges import RangeSet
 from .ending import Closing
 from .events import (
     Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Leave, Log, NeedIds, Overran,
-    Ran, Received, Send, Stop, Tick,
+    Ran, Received, Send, Stop, Tick, UserError,
 )
 from .messages import (
-    Ack, BoardOp, BoardReply, Drain, Ending, Gone, Heartbeat, Holding, KillRequest, Message, Mirror, Regroup, Release,
-    Report, TimedOut,
+    Ack, BoardOp, BoardReply, Drain, Ending, Gone, Halt, Heartbeat, Holding, KillRequest, Message, Mirror, Regroup,
+    Release, Report, TimedOut,
 )
 from .replan import Replanning
+from .results import vet
 from .watch import Watching
 from .master import Master
 from .region import Region
@@ -58,12 +59,12 @@ class Station(Replanning, Closing, Watching):
         if kind is NeedIds:
             assert isinstance(event, NeedIds)
             if event.ran is not None:
-                self.ran(event.ran)  # (its report, if due, goes with need_ids')
+                told = self.ran(event.ran)  # (its report, if due, goes with need_ids')
+                return told + self.need_ids() if told else self.need_ids()
             return self.need_ids()
         if kind is Ran:
             assert isinstance(event, Ran)
-            self.ran(event)
-            return self.worker_report()
+            return self.ran(event) + self.worker_report()
         if kind is Leave:
             assert isinstance(event, Leave)
             return self.leave(event.unstarted)
@@ -85,6 +86,9 @@ class Station(Replanning, Closing, Watching):
         if kind is CheckpointWritten:
             assert isinstance(event, CheckpointWritten)
             return self.finish_job() if event.final else []
+        if kind is UserError:
+            assert isinstance(event, UserError)
+            return self.user_error(self.rank, event.why)
         raise TypeError(f"not an nlevel event: {event!r}")
 
     @property
@@ -104,8 +108,15 @@ class Station(Replanning, Closing, Watching):
         """A wire message from ``src``."""
         if self.planner is not None:
             self.planner.on_message(self.clock())
-        if isinstance(msg, Report) and msg.ending is not None:
-            return self._receive(src, replace(msg, ending=None)) + self._receive(src, msg.ending)
+        if isinstance(msg, Report):
+            told: list[Effect] = []
+            if type(msg.results) is not tuple or msg.results:
+                # Results enter here from other ranks: as the ledger stores them, or their tasks failed
+                # (a value the master cannot store must never raise in its thread, nor shift its array).
+                msg, told = vet(src, msg, self.width)
+            if msg.ending is not None:
+                return told + self._receive(src, replace(msg, ending=None)) + self._receive(src, msg.ending)
+            return told + self._receive(src, msg) if told else self._receive(src, msg)
         return self._receive(src, msg)
 
     def _receive(self, src: int, msg: Message) -> list[Effect]:
@@ -115,6 +126,8 @@ class Station(Replanning, Closing, Watching):
             return self.fail(msg.ranks, msg.how)  # (news from a rank that may have died since)
         if isinstance(msg, TimedOut):
             return self.on_timed_out(msg)  # (sent by a rank just before it was killed)
+        if isinstance(msg, Halt):
+            return self.user_error(msg.rank, msg.why, src)  # (the error stands, whatever became of its rank)
         if src in self.failed:
             return []  # sent before it died; what it held is already back in a queue
         if isinstance(msg, Heartbeat):
@@ -211,12 +224,19 @@ class Station(Replanning, Closing, Watching):
         return outs
 
     # -- the user's loop -------------------------------------------------------------------
-    def ran(self, event: Ran) -> None:
-        """Record what the user's loop finished."""
+    def ran(self, event: Ran) -> list[Effect]:
+        """Record what the user's loop finished (its results checked as a report's are, see :func:`vet`)."""
         w = self.worker
         assert w is not None, f"rank {self.rank} runs no tasks"
+        told: list[Effect] = []
+        if type(event.results) is not tuple or event.results:
+            checked, notes = vet(self.rank, Report(event.done, event.results, failed=event.failed), self.width)
+            if notes:
+                told = list(notes)
+                event = replace(event, done=checked.done, results=checked.results, failed=checked.failed)
         w.ran(event.done, event.results, event.failed, event.tasks, event.busy, event.longest, self.clock(),
               event.busy_sq, event.times)
+        return told
 
     def need_ids(self) -> list[Effect]:
         """Put the next range in :attr:`hand`: from the queue, or claimed from the parent's board."""
@@ -273,6 +293,26 @@ class Station(Replanning, Closing, Watching):
         self.stop_reason = self.stop_reason or reason
         d.stop(self.clock())
         return self.serve()
+
+    def user_error(self, rank: int, why: str, src: int | None = None) -> list[Effect]:
+        """An error in the user's program on ``rank`` (see :class:`~nlevel.roles.events.UserError`;
+        ``src``: who told this rank). The master stops the job, saying so once; another rank tells
+        the master (its own error also to every later master: see :meth:`fail`)."""
+        if rank == self.rank:
+            self.erred = self.erred or why
+        if not isinstance(self.server, Master):
+            master = self.hierarchy.master
+            if master == self.rank or master == src:
+                return []  # (a master being made, or one that sent it here: the sender's own error comes again)
+            return [Send(master, Halt(rank, why))]
+        if rank in self.user_errors:
+            return []
+        self.user_errors[rank] = why
+        if len(self.user_errors) > 1:
+            return []  # the job is stopping already (the report lists every rank's error)
+        return [Log(f"an error in the program on rank {rank}, raised there by complete() (not a task failure): "
+                    f"{why}; stopping the job: running tasks finish, then every rank ends with exit status 1")
+                ] + self.stop(f"an error in the program on rank {rank}")
 
     def drain(self, request: DrainRequest) -> list[Effect]:
         """The master: take ranks out of the job (an operator's request); answer it."""

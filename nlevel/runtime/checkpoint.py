@@ -19,8 +19,9 @@ HDF5 layout (format ``FORMAT_VERSION`` = 1)::
     /result_values  (R,) or (R, W) float64  result of result_ids[i] (W numbers per task
                                     when the app declares W result fields)
     /failed         (F,) compound  tasks recorded failed (not committed): id, kind ("raised",
-                                    "died", "timeout"), attempts, rank, host, error, traceback;
-                                    absent in files written before it existed (read as empty)
+                                    "died", "timeout", "bad result"), attempts, rank, host, error,
+                                    traceback; absent in files written before it existed (read
+                                    as empty)
     /timeouts       (T, 2) int64   id, times a rank holding it ran past --task-timeout (they
                                     count toward its quarantine in the next run); absent when none
 

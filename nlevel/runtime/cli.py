@@ -224,6 +224,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             told = isinstance(exc, CheckpointError) and (farm.report or {}).get("stopped") == "checkpoint"
             if not told:  # (a failed write that stopped the job was said once, when it happened)
                 print(f"nlevel: error: {_say(exc)}", file=sys.stderr, flush=True)
+    except (ValueError, RuntimeError) as exc:
+        if farm is None or exc is not farm._misuse:
+            raise
+        # complete() refused what do_job returned: the master stopped the job and said why, once
+        # (Farm._stop_for); this rank ends as the others do (the report, the agreed status).
+        status = 1
     if (farm is not None and farm.report is not None and "written_by" in farm.report and options.report
             and master_wrote(options.report, farm.job)):
         farm.report = None  # (the master was not dead: it exited just after releasing this rank; its report stands)
@@ -263,7 +269,7 @@ def report_status(report: dict[str, Any]) -> int:
 
     return exit_status(complete=bool(report["complete"]), stopped=bool(report.get("stopped")),
                        left=report["total"] - report["committed"] - len(report.get("failed_tasks") or ()),
-                       error="checkpoint_error" in report)
+                       error="checkpoint_error" in report or bool(report.get("user_errors")))
 
 
 def _task_error(task_id: int, rank: int, exc: BaseException) -> TaskFailure:

@@ -552,7 +552,7 @@ class FarmRuntime:
         failed = failed_tasks(ledger)
         sys.stderr.write(failed_lines(failed))
         sys.stderr.flush()
-        code = ledger_status(ledger, stopped=st.stopped, error=error is not None)
+        code = ledger_status(ledger, stopped=st.stopped, error=error is not None or bool(st.user_errors))
         self.loop.perform(st.release(code, {"complete": complete, "failed": failed}))
         self._released_all, self._closing, self.released_at = True, error, time.time()
 

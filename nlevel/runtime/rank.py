@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from ..config import Config
 from ..errors import NlevelError
-from ..roles.events import DrainRequest, Overran, Ran
+from ..roles.events import DrainRequest, Overran, Ran, UserError
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import KillRequest, Message, TaskFailure
@@ -471,6 +471,12 @@ class Runner:
             self.start()
             return True
         return False
+
+    def user_error(self, why: str) -> None:
+        """The user's program erred here where nlevel can tell (``complete()`` refused a call): the
+        job stops through the master, which says so once (see :class:`~nlevel.roles.events.UserError`)."""
+        with self.lock:
+            self.loop.handle(UserError(why))
 
     def leave(self, unstarted: tuple[tuple[int, int], ...], ran: Ran | None) -> None:
         """The user's loop left early: report what ran, give back the rest."""

@@ -90,6 +90,7 @@ def station_facts(st: Any, totals: dict[str, Any], left: set[int]) -> dict[str, 
         "drained": [{"rank": r, "requested_at": t0} for r, t0 in sorted(st.drained.items())],
         "plan_history": [p.to_dict() for p in st.plans],
         "stopped": (st.stop_reason or "SIGUSR1") if st.stopped else None,
+        "user_errors": [{"rank": r, "error": why} for r, why in st.user_errors.items()],
         "decisions": st.planner.report() if st.planner is not None else [],
     }
 
@@ -103,8 +104,10 @@ def failed_tasks(ledger: Ledger) -> list[dict[str, Any]]:
 def exit_status(*, complete: bool, stopped: bool, left: int, error: bool) -> int:
     """The job's exit status: 0 when every id is committed (and the checkpoint written), 75 when
     it stopped early (SIGUSR1, a task past its limit without ULFM) with ``left`` ids neither
-    committed nor failed (the same command resumes them), else 1 (failed ids, or the checkpoint
-    could not be written). Stopped with nothing left is 1: a resume would have nothing to do."""
+    committed nor failed (the same command resumes them), else 1 (failed ids, the checkpoint could
+    not be written, or ``error``: that, or an error in the program on some rank, see
+    :class:`~nlevel.roles.events.UserError`). Stopped with nothing left is 1: a resume would have
+    nothing to do."""
     if complete and not error:
         return 0
     if stopped and left > 0 and not error:
@@ -300,6 +303,7 @@ def format_summary(report: dict[str, Any]) -> str:
         if len(failed) > 20:
             lines.append(f"    ... and {len(failed) - 20} more (see the report's failed_tasks)")
     if not report["complete"]:
-        why = f" (stopped: {report['stopped']}; the same command resumes)" if report.get("stopped") else ""
+        then = "fix it, then the same command resumes" if report.get("user_errors") else "the same command resumes"
+        why = f" (stopped: {report['stopped']}; {then})" if report.get("stopped") else ""
         lines.append(f"  INCOMPLETE: {report['total'] - report['committed']} tasks not committed{why}")
     return "\n".join(lines)

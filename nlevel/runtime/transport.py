@@ -26,7 +26,7 @@ mark("up")  # (MPI is initialised: for nlevel-mpiexec, this job's start is over)
 # Error classes of a dead peer under ULFM (MPI_ERR_PROC_FAILED, _PENDING, MPI_ERR_REVOKED).
 _FAILURE_CLASSES = {getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED") if hasattr(MPI, n)}
 
-__all__ = ["Transport", "world", "comm_key", "abort", "host", "kill_self", "allreduce_max", "MpiError",
+__all__ = ["Transport", "world", "comm_key", "abort", "finalize", "host", "kill_self", "allreduce_max", "MpiError",
            "setup_recovery", "revoke", "shrink", "agree", "user_ranks"]
 
 #: What an MPI call raises (a dead peer among other errors).
@@ -93,6 +93,12 @@ def allreduce_max(comm: Any, value: int) -> int:
 def abort(code: int = 1) -> None:
     """Abort the whole job (no rank may hang on an error)."""
     MPI.COMM_WORLD.Abort(code)
+
+
+def finalize() -> None:
+    """MPI_Finalize, once (Open MPI's waits for every process of the job: what each printed before is out)."""
+    if not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 def kill_self() -> None:

@@ -8,7 +8,8 @@ import pytest
 
 from nlevel.model.plan import Plan
 from nlevel.roles.messages import (
-    MESSAGES, Ack, Message, BoardOp, BoardReply, Drain, Ending, FailureRecord, Gone, Heartbeat, Holding, KillRequest, Mirror,
+    MESSAGES, Ack, Message, BoardOp, BoardReply, Drain, Ending, FailureRecord, Gone, Halt, Heartbeat, Holding, KillRequest,
+    Mirror,
     TAGS, Regroup, Release, Report, Tag, TaskFailure, TimedOut, decode, encode,
 )
 
@@ -33,9 +34,11 @@ SAMPLES = [
     TimedOut(3, ((17, 18),), 2.5, "h"),
     Ending(({"rank": 3, "tasks": 7},), {"unexpected": 1, "failures": []}),
     Release(1, (2, 5), {"complete": False}, True),
+    Halt(2, "ValueError: result of task 0 must be a number (x), got 'a'"),
 ]
 DEFAULTS = [Report(), Regroup(0, Plan()), Ack(0), Holding(), Mirror(), Drain(), KillRequest(0), BoardOp(0, "read", 0),
-            BoardReply(()), Gone(()), Heartbeat(), TimedOut(0, (), 0.0), Ending((), {}), Release(0)]
+            BoardReply(()), Gone(()), Heartbeat(), TimedOut(0, (), 0.0), Ending((), {}), Release(0),
+            Halt(0, "")]
 
 
 def kind(msg):
