@@ -151,6 +151,9 @@ class Config:
         group="hierarchy", check=_int_at_least(0), unit="ids", words={"auto": 0})
     serve_only: str = _setting(
         "none", "servers that do not run tasks: none, master, all", group="hierarchy", check=_serve_only)
+    split_nodes: bool = _setting(
+        False, "let regions split a machine node (by default a region is one node or whole nodes, so claims "
+        "stay inside a node)", group="hierarchy", check=_bool)
     switch_interval: float = _setting(
         1e-4, "sys.setswitchinterval on ranks that serve while computing; keep (or 0) = keep Python's",
         group="runtime", check=_non_negative_float, unit="s", words={"keep": 0.0})

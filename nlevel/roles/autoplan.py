@@ -61,8 +61,9 @@ class AutoPlanner:
         total: Tasks in the job.
     """
 
-    def __init__(self, size: int, config: Config, plan: Plan, total: int = 0) -> None:
+    def __init__(self, size: int, config: Config, plan: Plan, total: int = 0, nodes: int = 1) -> None:
         self.size = size
+        self.nodes = nodes  # machine nodes: a region of the first split is whole nodes
         self.config = config
         self.plan = plan
         self.total = total
@@ -177,7 +178,7 @@ class AutoPlanner:
         # load, and 32,768 ranks' simulation spent a quarter of its time in 760 of them)
         self.next_window = now + max(c.replan_interval, 2 * mean)
         var = max(0.0, self.task_sq / self.task.n - mean * mean) if self.task.n else 0.0
-        work = Workload(self.size, mean, var, self.task_max, self.total)
+        work = Workload(self.size, mean, var, self.task_max, self.total, self.nodes)
         measured_s = self.service.mean if self.service.n else 0.0
         costs = costs_of(c, measured_s)
         dispersion = max(msgs.dispersion, claims.dispersion) if msgs.verdict == "over-dispersed" or \

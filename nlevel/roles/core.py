@@ -133,7 +133,7 @@ class StationCore:
         self.loading = False  # a new master waits for its ledger from the checkpoint file
         self.planner: AutoPlanner | None = None
         if rank == 0 and config.auto:
-            self.planner = AutoPlanner(self.size, config, hierarchy.plan, total)
+            self.planner = AutoPlanner(self.size, config, hierarchy.plan, total, max(1, len(hierarchy.node_sizes)))
         self.worker: Worker | None = None
         self.server: Server | None = None
         self.lay_out(hierarchy)

@@ -60,7 +60,7 @@ class Failures(StationCore):
         outs: list[Effect] = []
         for x in new:
             self.endings.pop(x, None)
-        nh = build(self.size, old.plan, failed, old.out)  # (the ranks its plan left out stay out)
+        nh = build(self.size, old.plan, failed, old.out, old.node_sizes)  # (the ranks its plan left out stay out)
         if self.sent_done is None:
             self.sent_done = {}
         # Completions reported to a rank that died are lost with it: report them again (below),

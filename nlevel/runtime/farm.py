@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 from .._version import __version__
 from ..config import Config
-from ..errors import ConfigError, NlevelError
-from ..model.hierarchy import Hierarchy, build
+from ..errors import ConfigError, NlevelError, PlanError
+from ..model.hierarchy import Hierarchy, build, check_nodes, fit_nodes, nodes_of
 from ..roles.events import Ran
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
@@ -203,12 +203,32 @@ class FarmRuntime:
                 raise failure
             raise value
         cfg, plan, path, meta, total0, lock_token, self.costs_from, self.job = value
+        # Where the ranks run (every rank saw the same rows: every rank decides the same): regions
+        # follow the nodes, so claims stay inside a node (see nlevel.model.hierarchy).
+        nodes = nodes_of([host for host, _ in t.places]) if not cfg.split_nodes else ()
+        self.nodes_note = ""
+        if nodes is None:
+            self.nodes_note = ("the ranks of a node are not contiguous (mpiexec --map-by slot keeps them so): "
+                               "regions follow ranks, not nodes")
+            nodes = ()
+        if nodes:
+            if cfg.regions and not cfg.auto:
+                try:
+                    check_nodes(self.size, plan, nodes)
+                except PlanError as exc:
+                    if boards is not None:
+                        boards.close(collective=not window_failed)
+                    raise ConfigError(str(exc)) from None
+            else:
+                plan = fit_nodes(self.size, plan, nodes)
+            self._early = None  # (stocked for a layout without the nodes)
         self.plan, self._lock_token = plan, lock_token
         self.config: Config = cfg
         self.checkpoint: str | None = path
         self.meta: ckpt.RunMeta | None = meta
         self.total = total0
-        self.hierarchy: Hierarchy = self._early[0].hierarchy if self._early is not None else build(self.size, plan)
+        self.hierarchy: Hierarchy = self._early[0].hierarchy if self._early is not None else build(
+            self.size, plan, node_sizes=nodes)
         t.poll_max = cfg.poll_max
         h = self.hierarchy
         threads = [r for r, row in enumerate(rows) if row[1] and h[r].children and h[r].computes]
@@ -286,6 +306,8 @@ class FarmRuntime:
             self.recorder.start()
         if self.grants_note and self.rank == 0:
             sys.stderr.write(f"nlevel: {self.grants_note}\n")
+        if self.nodes_note and self.rank == 0:
+            sys.stderr.write(f"nlevel: {self.nodes_note}\n")
         if not t.thread_multiple and self.size > 1 and self.station.worker is not None:
             sys.stderr.write(f"nlevel: rank {self.rank}: this MPI does not provide MPI_THREAD_MULTIPLE: the rank beats "
                              f"only between tasks, so a task longer than --lease ({cfg.lease:g} s) looks hung; "

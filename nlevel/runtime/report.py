@@ -74,7 +74,7 @@ def station_facts(st: Any, totals: dict[str, Any], left: set[int]) -> dict[str, 
     # (drained ranks leave by dying under ULFM: their records are left out of the failures)
     recorded = {f["rank"] for f in totals["failures"]} | set(st.drained)
     lost = sorted(set(st.failed) - recorded - left)
-    first = build(st.size, st.plans[0]) if lost else None
+    first = build(st.size, st.plans[0], node_sizes=st.hierarchy.node_sizes) if lost else None
     records = []
     for r in lost:
         assert first is not None
