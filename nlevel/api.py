@@ -343,6 +343,10 @@ class Farm:
             rt.end()
         finally:
             self.report = rt.report
+            if rt.exit_code is None:
+                # Over, and nothing to do at exit: the guard would keep this farm (its ledger, its
+                # windows' memory) alive until the interpreter ends, one per farm the process ran.
+                atexit.unregister(self._exit_guard)
 
     def _exit_guard(self) -> None:
         """At interpreter exit: a rank leaving mid-job must not hang the others; after failures, skip MPI_Finalize."""
@@ -437,6 +441,8 @@ class Farm:
     def set_exit_code(self, code: int) -> None:
         """After failures the process must end with ``os._exit(code)`` (MPI_Finalize may hang)."""
         self._rt.exit_code = code
+        atexit.unregister(self._exit_guard)  # (once, whether or not the end unregistered it)
+        atexit.register(self._exit_guard)
 
 
 def _abort_job(rank: int, what: str, exc_type: Any, exc: Any, tb: Any, ft: bool = False) -> None:

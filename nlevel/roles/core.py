@@ -30,10 +30,12 @@ from .region import Region
 from .server import LEAF, Boards, Server, Sizing
 from .worker import State, Worker
 
-__all__ = ["StationCore", "TIMELINE_BIN"]
+__all__ = ["StationCore", "TIMELINE_BIN", "TIMELINE_MAX"]
 
 #: Seconds per bin of the servers' timeline in the run report.
 TIMELINE_BIN: Final = 0.1
+#: Bins a server keeps at most: past it, its bins double in width (a week's job keeps 2,048, not six million).
+TIMELINE_MAX: Final = 2048
 
 
 class StationCore:
@@ -79,7 +81,8 @@ class StationCore:
         self.final = False  # ... and raised FINAL on its boards
         self.drain_requested = False
         self.drained: dict[int, float] = {}  # the master: ranks it asked to leave, and when
-        self.served_bins: dict[int, int] = {}  # wall time // TIMELINE_BIN -> ranges taken here
+        self.served_bins: dict[int, int] = {}  # wall time // timeline_bin -> ranges taken here
+        self.timeline_bin = TIMELINE_BIN  # seconds per bin (doubles as the job goes on, see _timeline)
         self._served_seen = 0  # the server's count of ranges taken, as the timeline last saw it
         self.hosts = hosts
         # Failures (see nlevel.roles.failures).
@@ -300,8 +303,14 @@ class StationCore:
         served = d.served
         last = self._served_seen
         if served > last:
-            b = int(self.wall() / TIMELINE_BIN)
-            self.served_bins[b] = self.served_bins.get(b, 0) + served - last
+            bins = self.served_bins
+            b = int(self.wall() / self.timeline_bin)
+            bins[b] = bins.get(b, 0) + served - last
+            if len(bins) > TIMELINE_MAX:
+                coarse: dict[int, int] = {}
+                for k, n in bins.items():
+                    coarse[k // 2] = coarse.get(k // 2, 0) + n
+                self.served_bins, self.timeline_bin = coarse, 2 * self.timeline_bin
         self._served_seen = served
 
     def retire_server(self) -> None:

@@ -87,7 +87,7 @@ def own_stats(st: StationCore) -> tuple[dict[str, Any], dict[str, Any]]:
         "requests": requests,
         "unexpected": d.unexpected if d is not None else 0,
         "failures": [f.to_dict() for f in st.failures],
-        "timeline": {st.rank: dict(st.served_bins)} if st.served_bins else {},
+        "timeline": {st.rank: (st.timeline_bin, dict(st.served_bins))} if st.served_bins else {},
         **getattr(st, "extra_stats", {}),
     }
     return row, merged

@@ -11,7 +11,7 @@ from typing import Any
 from .._version import __version__
 from ..config import Config
 from ..model.hierarchy import Hierarchy, build
-from ..roles.core import TIMELINE_BIN
+from ..roles.core import TIMELINE_BIN, TIMELINE_MAX
 from ..roles.ledger import Ledger
 from ..roles.messages import FailureRecord
 from ..stats import RequestTimes, Summary
@@ -49,17 +49,35 @@ def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def timeline(per_rank: dict[int, dict[int, int]], bin_s: float) -> dict[str, Any]:
-    """The servers' requests served per time bin, as the report stores it (``t0``: wall time of bin 0)."""
-    if not per_rank:
+def timeline(per_rank: dict[int, Any], bin_s: float) -> dict[str, Any]:
+    """The servers' requests served per time bin, as the report stores it (``t0``: wall time of bin 0).
+
+    ``per_rank``: each server's ``(seconds per bin, {bin: served})`` (a bare dict: ``bin_s`` each).
+    The report's bins are the widest any server kept, widened further so that the span holds at
+    most :data:`~nlevel.roles.core.TIMELINE_MAX` of them.
+    """
+    rows = {r: (v if isinstance(v, tuple) else (bin_s, v)) for r, v in per_rank.items() if v}
+    rows = {r: (w, bins) for r, (w, bins) in rows.items() if bins}
+    if not rows:
         return {"bin_s": bin_s, "t0": None, "served": {}}
-    first = min(min(bins) for bins in per_rank.values())
-    last = max(max(bins) for bins in per_rank.values())
-    return {
-        "bin_s": bin_s,
-        "t0": first * bin_s,
-        "served": {str(r): [bins.get(b, 0) for b in range(first, last + 1)] for r, bins in sorted(per_rank.items())},
-    }
+    width = max(w for w, _ in rows.values())  # (every width is bin_s times a power of two)
+
+    def scaled(w: float, k: int) -> int:
+        return k // max(1, round(width / w))
+
+    while True:
+        first = min(scaled(w, min(bins)) for w, bins in rows.values())
+        last = max(scaled(w, max(bins)) for w, bins in rows.values())
+        if last - first < TIMELINE_MAX:
+            break
+        width *= 2
+    served: dict[str, list[int]] = {}
+    for r, (w, bins) in sorted(rows.items()):
+        dense = [0] * (last - first + 1)
+        for k, n in bins.items():
+            dense[scaled(w, k) - first] += n
+        served[str(r)] = dense
+    return {"bin_s": width, "t0": first * width, "served": served}
 
 
 def station_facts(st: Any, totals: dict[str, Any], left: set[int]) -> dict[str, Any]:
@@ -92,6 +110,8 @@ def station_facts(st: Any, totals: dict[str, Any], left: set[int]) -> dict[str, 
         "stopped": (st.stop_reason or "SIGUSR1") if st.stopped else None,
         "user_errors": [{"rank": r, "error": why} for r, why in st.user_errors.items()],
         "decisions": st.planner.report() if st.planner is not None else [],
+        # (the planner keeps its start, its switches and the last few others: this many were made)
+        "decisions_made": st.planner.made if st.planner is not None else 0,
     }
 
 
@@ -265,7 +285,7 @@ def format_summary(report: dict[str, Any]) -> str:
     decisions = report.get("decisions", [])
     if decisions or switches > 0:
         last = next((d for d in reversed(decisions) if "poisson" in d), None)
-        line = f"  auto: {len(decisions)} decision(s), {switches} switch(es)"
+        line = f"  auto: {report.get('decisions_made') or len(decisions)} decision(s), {switches} switch(es)"
         if last is not None:
             fit = last["poisson"]
             line += (

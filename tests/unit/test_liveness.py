@@ -73,3 +73,48 @@ def test_the_progress_line_counts_running_tasks_as_busy():
         master.handle(Received(st.rank, beat))
     master.handle(Tick(running=9.5))
     assert abs(model_state(master, 4, 10.0)["measured"] - 0.05) < 1e-9
+
+
+def test_the_timeline_and_the_decisions_stay_bounded_over_a_long_job():
+    """Issue 35: one bin per 0.1 s per server, and one planner decision every few seconds, grew with the job."""
+    from nlevel.roles.autoplan import KEPT, AutoPlanner
+    from nlevel.roles.core import TIMELINE_MAX
+    from nlevel.runtime.report import timeline
+
+    (master, *_), now = stations()
+    wall = [0.0]
+    master.wall = lambda: wall[0]
+    d = master.server
+    for k in range(100_000):  # a day of 0.9 s steps, a range served at each
+        wall[0] = k * 0.9
+        d.served += 1
+        master._timeline(d)
+    assert len(master.served_bins) <= TIMELINE_MAX + 1 and sum(master.served_bins.values()) == 100_000
+    out = timeline({0: (master.timeline_bin, master.served_bins), 3: (0.1, {10: 5})}, 0.1)
+    assert len(out["served"]["0"]) <= TIMELINE_MAX and sum(out["served"]["0"]) == 100_000
+    assert sum(out["served"]["3"]) == 5
+    planner = AutoPlanner(64, Config(levels=0), Plan(2))
+    for k in range(1000):
+        planner._record({"time": k, "switch": k % 100 == 0})
+    assert len(planner.decisions) <= KEPT + 11 and planner.made == 1001
+    assert sum(1 for d in planner.decisions if d.get("switch")) == 10
+
+
+def test_a_finished_farm_is_not_kept_alive_by_its_exit_guard():
+    """Issue 35: atexit kept every Farm (its runtime, ledger and windows) of a process alive."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, weakref\n"
+        "from nlevel import Farm\n"
+        "refs = []\n"
+        "for _ in range(3):\n"
+        "    with Farm(5) as f:\n"
+        "        for t in f: pass\n"
+        "    refs.append(weakref.ref(f._rt)); del f\n"
+        "gc.collect()\n"
+        "print(sum(r() is not None for r in refs))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "0", out.stdout
