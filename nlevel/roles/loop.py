@@ -243,7 +243,13 @@ class Loop:
             return  # (a master that gave itself up: its deputy holds the lock and hears the operator now)
         self.port.heartbeat()
         for request in self.port.requests():
-            self.handle(request)
+            try:
+                self.handle(request)
+            except Exception as exc:
+                # Operator input never ends the master (nor, read again, its successor): a request
+                # that raised anyway is answered, and the job goes on.
+                self.port.answer(request.token, {"error": f"the master could not act on this request: {exc!r}"})
+                self.port.log(f"an operator's request raised {exc!r}; answered with the error, the job goes on")
         if self.port.stop_requested() and not st.stopped:
             self._write(False)  # what is committed now, in case running tasks outlast the warning
             self.handle(Stop())

@@ -73,7 +73,7 @@ class MpiPort:
         self.width = result_width
         self.control_dir = control.control_dir(checkpoint) if checkpoint else None
         self._control_at = 0.0
-        self._pending: dict[str, dict[str, Any] | None] = {}
+        self._inbox: control.Inbox | None = None  # the master's (made at its first look)
         self.checkpoint_error: BaseException | None = None
         self.lock: Any = None  # the checkpoint's lock (the master's; see nlevel.runtime.lock)
         self.lock_token: str | None = None  # the lock's name, told to every rank: a new master adopts it
@@ -188,8 +188,8 @@ class MpiPort:
         return snap.ledger(self.meta.total, self.width), ""
 
     def answer(self, token: str, outcome: dict[str, object]) -> None:
-        request = self._pending.pop(token, None)
-        control.answer(token, request, **outcome)
+        if self._inbox is not None:
+            self._inbox.answer(token, outcome)
 
     def log(self, text: str) -> None:
         sys.stderr.write(f"nlevel: rank {self.rank}: {text}\n")
@@ -199,14 +199,16 @@ class MpiPort:
         if self.control_dir is None or clock() < self._control_at:
             return []
         self._control_at = clock() + self.config.control_interval
+        if self._inbox is None:
+            self._inbox = control.Inbox(self.control_dir, self.log)
         out: list[DrainRequest] = []
-        for path, request in control.pending(self.control_dir):
-            if request is None or request.get("action") != "drain":
-                control.answer(path, request, error=f"not a request nlevel understands: {request!r}")
+        for taken in self._inbox.take():
+            if taken.ranks is not None and self.rank in taken.ranks:
+                # (the operator's drain frees cores; the master's never leaves the job: it serves to the end)
+                self._inbox.answer(taken.token, {"error": f"rank {self.rank} is the master: it serves every rank "
+                                                 f"until the job ends and cannot be drained"})
                 continue
-            self._pending[path] = request
-            ranks = request.get("ranks")
-            out.append(DrainRequest(path, tuple(ranks) if ranks is not None else None, request.get("count")))
+            out.append(DrainRequest(taken.token, taken.ranks, taken.count))
         return out
 
     def stop_requested(self) -> bool:
