@@ -95,9 +95,9 @@ class Farm:
         ):
             raise ConfigError(f"result_fields must be a non-empty sequence of names, got {result_fields!r}")
         self.result_fields = tuple(result_fields) if result_fields is not None else None
-        signals.install()  # SIGUSR1: stop cleanly (checkpoint, then exit); never the default "terminate"
         if not isinstance(retry_failed, bool):
             raise ConfigError(f"retry_failed must be True or False, got {retry_failed!r}")
+        signals.check_thread()  # SIGUSR1: stop cleanly (checkpoint, then exit); never the default "terminate"
         rt = self._rt = FarmRuntime(total, checkpoint, comm, fingerprint, fresh, config, self.result_fields,
                                     retry_failed=retry_failed)
         self.total: int = rt.total

@@ -427,7 +427,7 @@ class FarmRuntime:
         released = st.released
         assert released is not None
         self.failed = tuple(released.failed)
-        signals.quiet()  # the job is over here: a late SIGUSR1 must not kill the process while it ends
+        signals.reset()  # the job is over here: its stop request (if any) is not the next farm's
         if t.ft or self.failed:
             # No collective from here: a rank that exited unseen (or one given up, stuck in its
             # task) would hang it. Every process ends with os._exit (MPI_Finalize may hang after
