@@ -470,8 +470,12 @@ class FarmRuntime:
             self.port.lock.release()
         if not self.hold_deputy:
             self.release_deputy()
+        if error is None and released.error:  # (every rank: the master's error, told with the release)
+            error = ckpt.CheckpointError(released.error, path=self.checkpoint, errno=released.errno or None)
         if error is not None:
-            raise error if isinstance(error, NlevelError) else ckpt.CheckpointError(str(error))
+            # One CheckpointError, the same on every rank: no chained library internals, no traceback
+            # through the writer's thread.
+            raise self._as_error(error) from None
 
     def release_deputy(self) -> None:
         """The master (or the successor that finished its release), its report written: send the
@@ -545,8 +549,17 @@ class FarmRuntime:
         sys.stderr.write(failed_lines(failed))
         sys.stderr.flush()
         code = ledger_status(ledger, stopped=st.stopped, error=error is not None)
-        self.loop.perform(st.release(code, {"complete": complete, "failed": failed}))
-        self._released_all, self._closing, self.released_at = True, error, time.time()
+        said = self._as_error(error) if error is not None else None
+        self.loop.perform(st.release(code, {"complete": complete, "failed": failed},
+                                     said.problem if said else "", (said.errno or 0) if said else 0))
+        self._released_all, self._closing, self.released_at = True, said, time.time()
+
+    def _as_error(self, error: BaseException) -> ckpt.CheckpointError:
+        """The checkpoint's write error as the one :class:`CheckpointError` every rank raises."""
+        if isinstance(error, ckpt.CheckpointError):
+            return error.again()
+        assert self.checkpoint is not None
+        return ckpt.write_error(self.checkpoint, error)
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
         st = self.station

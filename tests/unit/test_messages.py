@@ -32,7 +32,7 @@ SAMPLES = [
     Heartbeat(3),
     TimedOut(3, ((17, 18),), 2.5, "h"),
     Ending(({"rank": 3, "tasks": 7},), {"unexpected": 1, "failures": []}),
-    Release(1, (2, 5), {"complete": False}, True),
+    Release(1, (2, 5), {"complete": False}, True, "cannot write checkpoint run.h5: No space left on device", 28),
 ]
 DEFAULTS = [Report(), Regroup(0, Plan()), Ack(0), Holding(), Mirror(), Drain(), KillRequest(0), BoardOp(0, "read", 0),
             BoardReply(()), Gone(()), Heartbeat(), TimedOut(0, (), 0.0), Ending((), {}), Release(0)]
