@@ -248,7 +248,7 @@ class FarmRuntime:
         if cfg.ft:
             t.enable_ft()  # from here on a dead rank is an event, not an error
         ledger = self._ledger if self.rank == 0 else None
-        hosts = tuple(h for h, _ in t.places)
+        hosts = tuple(p[0] for p in t.places)
         early, self._early = self._early, None
         if early is not None and early[0].boards is self.boards:
             self.station = early[0]  # (stocked before the exchange)

@@ -42,6 +42,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from ..errors import CheckpointError
+from . import pids
 
 __all__ = ["HEARTBEAT_S", "STALE_FACTOR", "Holder", "Lock", "LockHeld", "ForeignLock", "lock_path", "job_id",
            "read_holder", "adopt"]
@@ -81,37 +82,8 @@ def _iso(t: float | None) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host (another user's counts; a zombie does not).
-
-    A job killed as a whole leaves its ranks as zombies until someone reaps them, and in a
-    container whose init does not reap, that can be for ever: ``kill(pid, 0)`` still succeeds.
-    """
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: it exists
-    return _pid_state(pid) not in ("Z", "X")
-
-
-def _pid_state(pid: int) -> str | None:
-    """The process's state letter from /proc (Linux; None where unknown)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def _pid_started(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+pid_alive = pids.alive  # (a process of this host: alive, not a zombie)
+_pid_started = pids.started  # (its start time: tells a reused pid apart)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 from .._version import __version__
 from .control import control_dir
 from .report import write_json
-from .lock import pid_alive as _pid_alive
+from .pids import alive as _pid_alive
 
 __all__ = ["Recorder", "assemble", "format_status", "main", "read_checkpoint", "read_json", "record_path", "status"]
 
