@@ -88,7 +88,7 @@ class StationCore:
         self.failures: list[FailureRecord] = []
         self.abandoned = False  # this rank gave itself up (its task hung, no fault tolerance)
         self.timeout_notes: list[tuple[int, tuple[tuple[int, int], ...]]] = []  # (rank, ids) timed out, for a successor
-        self.stop_reason = ""  # why the master stopped the job early: "SIGUSR1", "task timeout", "checkpoint"
+        self.stop_reason = ""  # why the master stopped the job early: "SIGUSR1", "task timeout", "checkpoint", "lock"
         self.master_heard = clock()  # a watcher: when the master was last heard (it heartbeats)
         self.watching: int | None = None  # the master this rank watches now
         self.heartbeat_sent = -1e300

@@ -499,6 +499,15 @@ class Writer:
         if self._error is not None:
             raise self._error
 
+    def discard(self) -> None:
+        """Drop any snapshot not yet written and stop the thread (the checkpoint is not this job's any more);
+        a write under way finishes. Later :meth:`submit` and :meth:`close` calls raise or do nothing."""
+        with self._cond:
+            self._pending = None
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+
     def _run(self) -> None:
         while True:
             with self._cond:

@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable
 
 from ..config import Config
-from ..errors import NlevelError
+from ..errors import CheckpointError, NlevelError
 from ..roles.events import DrainRequest, Ran
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
@@ -77,6 +77,7 @@ class MpiPort:
         self.checkpoint_error: BaseException | None = None
         self.lock: Any = None  # the checkpoint's lock (the master's; see nlevel.runtime.lock)
         self.lock_token: str | None = None  # the lock's name, told to every rank: a new master adopts it
+        self.lost: CheckpointError | None = None  # the lock went to another job: the checkpoint is not ours
         #: Called with the job's status when this process ends the job itself (see :meth:`retire`),
         #: before it exits: the farm's report, for the caller that writes it to a file.
         self.ended_here: Callable[[int], None] | None = None
@@ -145,14 +146,26 @@ class MpiPort:
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(status)
 
-    def heartbeat(self) -> None:
+    def heartbeat(self) -> str:
         if self.lock is None and self.lock_token is not None and self.checkpoint is not None:
             from .lock import adopt  # a new master: the dead one's lock is this job's
 
             self.lock = adopt(self.checkpoint, self.lock_token)
             self.lock_token = None  # (tried once)
-        if self.lock is not None:
-            self.lock.beat()
+            if self.lock is None:  # (another job holds it now: said by adopt)
+                self._lose(f"the lock {self.checkpoint}.lock is not this job's any more")
+        if self.lock is not None and self.lost is None:
+            why = self.lock.beat()
+            if why:
+                self._lose(f"the lock {self.lock.path} is not this job's any more ({why})")
+        return self.lost.problem if self.lost is not None else ""
+
+    def _lose(self, why: str) -> None:
+        """Another job holds the checkpoint now: never write it again (its writes would be lost)."""
+        self.lost = CheckpointError(f"{why}: another job may be using checkpoint {self.checkpoint}, which this "
+                                    f"job does not write again", path=self.checkpoint)
+        if self.writer is not None:
+            self.writer.discard()
 
     def checkpoint_failed(self) -> str:
         w = self.writer
@@ -162,6 +175,9 @@ class MpiPort:
     def write_checkpoint(self, ledger: Ledger, final: bool) -> str:
         if self.checkpoint is None or self.meta is None:
             return ""
+        if self.lost is not None:
+            self.checkpoint_error = self.lost
+            return self.lost.problem
         try:
             if self.writer is None:
                 self.writer = ckpt.Writer(self.checkpoint, self.meta)  # a new master
