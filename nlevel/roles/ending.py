@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import CheckpointError
 from ..stats import RequestTimes, Summary
 from .core import StationCore
 from .events import Effect, Kill, Send
@@ -201,9 +202,13 @@ class Closing(StationCore):
         rows, stats = self._payload(children)
         return sorted(rows, key=lambda r: r["rank"]), stats
 
-    def release(self, code: int, report: dict[str, Any] | None, error: str = "", errno: int = 0) -> list[Effect]:
+    def release(self, code: int, report: dict[str, Any] | None, error: BaseException | str | None = None,
+                errno: int = 0) -> list[Effect]:
         """The master: end the job for everyone; ``code`` is the status processes end with after failures;
-        ``error``: the checkpoint's write error (with its ``errno``), raised on every rank alike."""
+        ``error``: the checkpoint's write error (its text, with ``errno``), for every rank to raise alike."""
+        if isinstance(error, BaseException):
+            error, errno = getattr(error, "problem", None) or str(error), getattr(error, "errno", None) or 0
+        error = error or ""
         failed = tuple(sorted(self.failed))
         dep = deputy(self.hierarchy)
         outs: list[Effect] = []
@@ -234,6 +239,11 @@ class Closing(StationCore):
                 outs.append(last)
         self.released = Release(code, failed, report, error=error, errno=errno)
         return outs
+
+    def release_error(self, path: str | None) -> CheckpointError | None:
+        """The checkpoint's write error the master told with its release (None: it had none)."""
+        r = self.released
+        return CheckpointError(r.error, path=path, errno=r.errno or None) if r is not None and r.error else None
 
     def release_deputy(self) -> list[Effect]:
         """The master, its own end done (report written, lock released): the releases it held back

@@ -378,9 +378,10 @@ def _why(e: BaseException) -> str:
 
 
 def write_error(path: str | os.PathLike[str], e: BaseException) -> CheckpointError:
-    """The one error a failed write of checkpoint ``path`` raises: the file, the cause in a few words, its errno."""
+    """The one error a failed write of checkpoint ``path`` raises: the file, the cause in a few words, its errno
+    (a :class:`CheckpointError` already: the same, new, to be raised anew without its traceback)."""
     if isinstance(e, CheckpointError):
-        return e
+        return e.again()
     n = e.errno if isinstance(e, OSError) and e.errno else None
     return CheckpointError(f"cannot write checkpoint {os.fspath(path)}: {_why(e)}; the previous checkpoint, if any, "
                            f"is intact", path=os.fspath(path), errno=n)

@@ -470,12 +470,8 @@ class FarmRuntime:
             self.port.lock.release()
         if not self.hold_deputy:
             self.release_deputy()
-        if error is None and released.error:  # (every rank: the master's error, told with the release)
-            error = ckpt.CheckpointError(released.error, path=self.checkpoint, errno=released.errno or None)
-        if error is not None:
-            # One CheckpointError, the same on every rank: no chained library internals, no traceback
-            # through the writer's thread.
-            raise self._as_error(error) from None
+        if (error := error or st.release_error(self.checkpoint)) is not None:  # (the master's, told with the release)
+            raise ckpt.write_error(self.checkpoint or "", error) from None  # (new: no chain, no writer's traceback)
 
     def release_deputy(self) -> None:
         """The master (or the successor that finished its release), its report written: send the
@@ -549,17 +545,8 @@ class FarmRuntime:
         sys.stderr.write(failed_lines(failed))
         sys.stderr.flush()
         code = ledger_status(ledger, stopped=st.stopped, error=error is not None)
-        said = self._as_error(error) if error is not None else None
-        self.loop.perform(st.release(code, {"complete": complete, "failed": failed},
-                                     said.problem if said else "", (said.errno or 0) if said else 0))
-        self._released_all, self._closing, self.released_at = True, said, time.time()
-
-    def _as_error(self, error: BaseException) -> ckpt.CheckpointError:
-        """The checkpoint's write error as the one :class:`CheckpointError` every rank raises."""
-        if isinstance(error, ckpt.CheckpointError):
-            return error.again()
-        assert self.checkpoint is not None
-        return ckpt.write_error(self.checkpoint, error)
+        self.loop.perform(st.release(code, {"complete": complete, "failed": failed}, error))
+        self._released_all, self._closing, self.released_at = True, error, time.time()
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
         st = self.station
