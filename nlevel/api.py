@@ -72,7 +72,10 @@ class Farm:
             more than one (e.g. ``("score", "evaluations")``); default: one number.
 
     Raises:
-        ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value.
+        ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value. A
+            ConfigError too when made off the main thread while SIGUSR1 would kill the process
+            (see :func:`nlevel.install_signal_handler`). A checkpoint that cannot be written is a
+            CheckpointError at the farm's end, on every rank alike.
     """
 
     def __init__(
