@@ -75,7 +75,10 @@ class Farm:
             or ``("score", "evaluations")``); default: one number, unnamed.
 
     Raises:
-        ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value.
+        ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value. A
+            ConfigError too when made off the main thread while SIGUSR1 would kill the process
+            (see :func:`nlevel.install_signal_handler`). A checkpoint that cannot be written is a
+            CheckpointError at the farm's end, on every rank alike.
     """
 
     def __init__(
@@ -98,9 +101,9 @@ class Farm:
         ):
             raise ConfigError(f"result_fields must be a non-empty sequence of names, got {result_fields!r}")
         self.result_fields = tuple(result_fields) if result_fields is not None else None
-        signals.install()  # SIGUSR1: stop cleanly (checkpoint, then exit); never the default "terminate"
         if not isinstance(retry_failed, bool):
             raise ConfigError(f"retry_failed must be True or False, got {retry_failed!r}")
+        signals.check_thread()  # SIGUSR1: stop cleanly (checkpoint, then exit); never the default "terminate"
         rt = self._rt = FarmRuntime(total, checkpoint, comm, fingerprint, fresh, config, self.result_fields,
                                     retry_failed=retry_failed)
         self.total: int = rt.total

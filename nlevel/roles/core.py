@@ -90,7 +90,7 @@ class StationCore:
         self.failures: list[FailureRecord] = []
         self.abandoned = False  # this rank gave itself up (its task hung, no fault tolerance)
         self.timeout_notes: list[tuple[int, tuple[tuple[int, int], ...]]] = []  # (rank, ids) timed out, for a successor
-        self.stop_reason = ""  # why the master stopped the job early: "SIGUSR1", "task timeout", "checkpoint"
+        self.stop_reason = ""  # why the master stopped the job early: "SIGUSR1", "task timeout", "checkpoint", "lock"
         # Errors in the user's program (see roles.events.UserError): this rank's own, told again to
         # each new master; and the master's record of every rank's (rank -> the error), first one first.
         self.erred = ""

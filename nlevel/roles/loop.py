@@ -66,8 +66,9 @@ class Port(Protocol):
         process ends here, with the job's status.
         """
 
-    def heartbeat(self) -> None:
-        """The master: show that the job still runs (the checkpoint's lock)."""
+    def heartbeat(self) -> str:
+        """The master: show that the job still runs (the checkpoint's lock); return why the job no
+        longer holds the checkpoint (another job took its lock over), or "" while it does."""
 
     def write_checkpoint(self, ledger: Ledger, final: bool) -> str:
         """Write the ledger (``final``: synchronously); return an error text, or ""."""
@@ -245,9 +246,21 @@ class Loop:
         st = self.station
         if not isinstance(st.server, Master) or st.abandoned:
             return  # (a master that gave itself up: its deputy holds the lock and hears the operator now)
-        self.port.heartbeat()
+        lost = self.port.heartbeat()
+        if lost and not st.stopped:
+            # Another job writes the checkpoint now: this one stops cleanly (running tasks finish)
+            # and writes it no more (the port refuses), so the other job's progress is not lost.
+            self.checkpoint_error = lost
+            self.port.log(f"{lost}; stopping the job (tasks running now finish)")
+            self.handle(Stop("lock"))
         for request in self.port.requests():
-            self.handle(request)
+            try:
+                self.handle(request)
+            except Exception as exc:
+                # Operator input never ends the master (nor, read again, its successor): a request
+                # that raised anyway is answered, and the job goes on.
+                self.port.answer(request.token, {"error": f"the master could not act on this request: {exc!r}"})
+                self.port.log(f"an operator's request raised {exc!r}; answered with the error, the job goes on")
         if self.port.stop_requested() and not st.stopped:
             self._write(False)  # what is committed now, in case running tasks outlast the warning
             self.handle(Stop())

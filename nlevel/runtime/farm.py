@@ -205,7 +205,7 @@ class FarmRuntime:
         cfg, plan, path, meta, total0, lock_token, self.costs_from, self.job = value
         # Where the ranks run (every rank saw the same rows: every rank decides the same): regions
         # follow the nodes, so claims stay inside a node (see nlevel.model.hierarchy).
-        nodes = nodes_of([host for host, _ in t.places]) if not cfg.split_nodes else ()
+        nodes = nodes_of([place[0] for place in t.places]) if not cfg.split_nodes else ()
         self.nodes_note = ""
         if nodes is None:
             self.nodes_note = ("the ranks of a node are not contiguous (mpiexec --map-by slot keeps them so): "
@@ -268,7 +268,7 @@ class FarmRuntime:
         if cfg.ft:
             t.enable_ft()  # from here on a dead rank is an event, not an error
         ledger = self._ledger if self.rank == 0 else None
-        hosts = tuple(h for h, _ in t.places)
+        hosts = tuple(p[0] for p in t.places)
         early, self._early = self._early, None
         if early is not None and early[0].boards is self.boards:
             self.station = early[0]  # (stocked before the exchange)
@@ -457,7 +457,7 @@ class FarmRuntime:
         released = st.released
         assert released is not None
         self.failed = tuple(released.failed)
-        signals.quiet()  # the job is over here: a late SIGUSR1 must not kill the process while it ends
+        signals.reset()  # the job is over here: its stop request (if any) is not the next farm's
         if t.ft or self.failed:
             # No collective from here: a rank that exited unseen (or one given up, stuck in its
             # task) would hang it. Every process ends with os._exit (MPI_Finalize may hang after
@@ -500,8 +500,8 @@ class FarmRuntime:
             self.port.lock.release()
         if not self.hold_deputy:
             self.release_deputy()
-        if error is not None:
-            raise error if isinstance(error, NlevelError) else ckpt.CheckpointError(str(error))
+        if (error := error or st.release_error(self.checkpoint)) is not None:  # (the master's, told with the release)
+            raise ckpt.write_error(self.checkpoint or "", error) from None  # (new: no chain, no writer's traceback)
 
     def release_deputy(self) -> None:
         """The master (or the successor that finished its release), its report written: send the
@@ -575,7 +575,7 @@ class FarmRuntime:
         sys.stderr.write(failed_lines(failed))
         sys.stderr.flush()
         code = ledger_status(ledger, stopped=st.stopped, error=error is not None or bool(st.user_errors))
-        self.loop.perform(st.release(code, {"complete": complete, "failed": failed}))
+        self.loop.perform(st.release(code, {"complete": complete, "failed": failed}, error))
         self._released_all, self._closing, self.released_at = True, error, time.time()
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import tempfile
+import uuid
 from typing import Any
 
 from .._version import __version__
@@ -234,15 +234,22 @@ def master_wrote(path: str | os.PathLike[str], job: str) -> bool:
         return False
 
 
+def _create_temp(path: str) -> tuple[int, str]:
+    """A new temporary file beside ``path``, with an ordinary file's mode: 0666 less the umask, which
+    the kernel applies (reading the umask means setting it, process-wide: never from a thread)."""
+    while True:
+        tmp = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def write_json(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
     """Write ``report`` to ``path`` atomically (temp file + rename): a kill never leaves half a report."""
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    fd, tmp = _create_temp(path)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
         with os.fdopen(fd, "w") as f:
             json.dump(report, f, indent=2, default=str)
             f.write("\n")

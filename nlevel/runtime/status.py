@@ -37,9 +37,10 @@ from typing import Any, Callable, Sequence
 from .._version import __version__
 from .control import control_dir
 from .report import write_json
-from .lock import pid_alive as _pid_alive
+from .pids import alive as _pid_alive
 
-__all__ = ["Recorder", "assemble", "format_status", "main", "read_checkpoint", "read_json", "record_path", "status"]
+__all__ = ["Recorder", "assemble", "format_status", "main", "read_checkpoint", "read_json", "read_lock", "record_path",
+           "status"]
 
 RECORD = "status.json"
 _JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "JOB_ID")
@@ -191,6 +192,20 @@ def read_json(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def read_lock(path: str) -> dict[str, Any] | None:
+    """The lock file (:func:`read_json`), its heartbeat the later of its ``heartbeat`` field and the
+    file's modification time (what the job's heartbeat refreshes, see nlevel.runtime.lock)."""
+    lock = read_json(path)
+    if lock is not None:
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return lock
+        beat = _seconds(lock.get("heartbeat"))
+        lock["heartbeat"] = mtime if beat is None else max(beat, mtime)
+    return lock
+
+
 def _text(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else "" if x is None else str(x)
 
@@ -298,7 +313,7 @@ def status(path: str) -> dict[str, Any]:
         ValueError: the file is not an nlevel checkpoint.
     """
     record = read_json(record_path(path))
-    lock = read_json(os.fspath(path) + ".lock")
+    lock = read_lock(os.fspath(path) + ".lock")
     try:
         ck = read_checkpoint(path)
     except FileNotFoundError:

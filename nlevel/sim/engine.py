@@ -154,8 +154,8 @@ class _Port:
     def retire(self, why: str, last: Ledger | None = None) -> None:
         raise SimStalled(f"a simulated rank gave itself up ({why}): no task hangs in a simulation")
 
-    def heartbeat(self) -> None:
-        pass
+    def heartbeat(self) -> str:
+        return ""
 
     def checkpoint_failed(self) -> str:
         return ""
