@@ -408,7 +408,7 @@ class Runner:
     # -- the user's side -----------------------------------------------------------------------
     def next_range(self, ran: Ran | None) -> tuple[int, int] | None:
         """Report what ran and return the next range for the user's loop (None: the loop is over)."""
-        st, loop = self.station, self.loop
+        st = self.station
         if st.worker is None:
             self.serve()  # a serve-only server: its loop is the job's
             return None
