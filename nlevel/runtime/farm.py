@@ -572,7 +572,7 @@ class FarmRuntime:
             error = self.port.checkpoint_error
         complete = ledger.complete()
         failed = failed_tasks(ledger)
-        sys.stderr.write(failed_lines(failed))
+        sys.stderr.write(failed_lines(failed, len(ledger.failed)))
         sys.stderr.flush()
         code = ledger_status(ledger, stopped=st.stopped, error=error is not None or bool(st.user_errors))
         self.loop.perform(st.release(code, {"complete": complete, "failed": failed}, error))

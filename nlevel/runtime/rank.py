@@ -136,7 +136,7 @@ class MpiPort:
         from .report import failed_lines, failed_tasks, ledger_status
 
         status = ledger_status(last, stopped=True, error=bool(self.checkpoint_error))
-        sys.stderr.write(failed_lines(failed_tasks(last)))
+        sys.stderr.write(failed_lines(failed_tasks(last), len(last.failed)))
         self.log(f"{why}; no other rank is left to end the job: this process ends it, exit status {status}"
                  + (" (the same command resumes)" if status == signals.EXIT_STOPPED else ""))
         if self.ended_here is not None:

@@ -115,10 +115,34 @@ def station_facts(st: Any, totals: dict[str, Any], left: set[int]) -> dict[str, 
     }
 
 
+#: Failed ids the report lists one by one (with traceback); the rest are counted by kind and error.
+FAILED_LISTED = 1000
+#: Failed ids stderr names one line each at the end of a job.
+FAILED_LINES = 20
+
+
 def failed_tasks(ledger: Ledger) -> list[dict[str, Any]]:
-    """The ids recorded failed, as the report lists them (and the release tells every rank)."""
-    return [{"id": f.id, "kind": f.kind, "attempts": f.attempts, "rank": f.rank, "host": f.host, "error": f.error,
-             "traceback": f.traceback} for _, f in sorted(ledger.failed.items())]
+    """The ids recorded failed, as the report lists them (and the release tells every rank): the
+    first :data:`FAILED_LISTED` (the checkpoint's ``/failed`` keeps every one)."""
+    out: list[dict[str, Any]] = []
+    for _, f in sorted(ledger.failed.items()):
+        if len(out) == FAILED_LISTED:
+            break
+        out.append({"id": f.id, "kind": f.kind, "attempts": f.attempts, "rank": f.rank, "host": f.host,
+                    "error": f.error, "traceback": f.traceback})
+    return out
+
+
+def failed_summary(ledger: Ledger) -> dict[str, Any]:
+    """Every failed id counted: in all, and per kind and error (a million tasks that raised the same
+    error are one line here, and :func:`failed_tasks` lists the first of them)."""
+    by: dict[tuple[str, str], int] = {}
+    for f in ledger.failed.values():
+        key = (f.kind, f.error)
+        by[key] = by.get(key, 0) + 1
+    top = sorted(by.items(), key=lambda kv: -kv[1])[:50]
+    return {"count": len(ledger.failed), "listed": min(len(ledger.failed), FAILED_LISTED),
+            "by_error": [{"kind": k, "error": e, "ids": n} for (k, e), n in top]}
 
 
 def exit_status(*, complete: bool, stopped: bool, left: int, error: bool) -> int:
@@ -140,12 +164,17 @@ def ledger_status(ledger: Ledger, *, stopped: bool, error: bool) -> int:
     return exit_status(complete=ledger.complete(), stopped=stopped, left=ledger.undecided, error=error)
 
 
-def failed_lines(failed: list[dict[str, Any]]) -> str:
-    """One stderr line per failed id (of :func:`failed_tasks`), naming where it failed and why."""
+def failed_lines(failed: list[dict[str, Any]], count: int | None = None) -> str:
+    """One stderr line per failed id (of :func:`failed_tasks`), naming where it failed and why: the
+    first :data:`FAILED_LINES`, then one line for the rest (``count``: every failed id)."""
     out = []
-    for f in failed:
+    for f in failed[:FAILED_LINES]:
         where = f" on rank {f['rank']}" + (f" ({f['host']})" if f.get("host") else "") if f.get("rank", -1) >= 0 else ""
         out.append(f"nlevel: task {f['id']} FAILED ({f['kind']}{where}): {f['error']}\n")
+    more = (len(failed) if count is None else count) - min(len(failed), FAILED_LINES)
+    if more > 0:
+        out.append(f"nlevel: and {more:,} more failed tasks (the report lists the first {FAILED_LISTED:,} and counts "
+                   f"the rest by error; the checkpoint's /failed holds every one)\n")
     return "".join(out)
 
 
@@ -196,6 +225,7 @@ def build_report(
         "complete": ledger.complete(),
         "failures": failures or [],
         "failed_tasks": failed_tasks(ledger),
+        "failed_summary": failed_summary(ledger),
         "tasks": {"run": tasks.n, **tasks.to_dict(1e3)},
         "task_time_sum_s": busy,
         "overhead": (1.0 - busy / (size * wall)) if wall > 0 and size else 0.0,

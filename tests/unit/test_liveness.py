@@ -118,3 +118,20 @@ def test_a_finished_farm_is_not_kept_alive_by_its_exit_guard():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "0", out.stdout
+
+
+def test_a_million_failed_tasks_are_listed_in_part_and_counted_by_error():
+    """Issue 35: failed-task records bounded and summarised (the report, the release, stderr)."""
+    from nlevel.roles.messages import TaskFailure
+    from nlevel.runtime.report import FAILED_LINES, FAILED_LISTED, failed_lines, failed_summary, failed_tasks
+
+    led = Ledger(10**6)
+    for tid in range(10**5):
+        led.failed[tid] = TaskFailure(tid, "raised", "ValueError: bad input" if tid % 10 else "KeyError: x", 1, "h")
+    listed = failed_tasks(led)
+    assert len(listed) == FAILED_LISTED and listed[0]["id"] == 0
+    s = failed_summary(led)
+    assert s["count"] == 10**5 and s["by_error"][0] == {"kind": "raised", "error": "ValueError: bad input",
+                                                         "ids": 90_000}
+    lines = failed_lines(listed, len(led.failed)).splitlines()
+    assert len(lines) == FAILED_LINES + 1 and "and 99,980 more failed tasks" in lines[-1]
