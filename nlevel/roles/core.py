@@ -97,6 +97,7 @@ class StationCore:
         self.user_errors: dict[int, str] = {}
         self.master_heard = clock()  # a watcher: when the master was last heard (it heartbeats)
         self.watching: int | None = None  # the master this rank watches now
+        self.watched_at = 0.0  # when this rank last looked at the master's silence
         self.heartbeat_sent = -1e300
         self.overran_tasks: set[int] = set()  # this rank's own tasks past --task-timeout, told once
         self.own_running = 0.0  # seconds its user loop has spent in the task it runs now (see Tick)

@@ -114,7 +114,12 @@ class Watching(StationCore):
         if self.watching != h.master:
             self.watching = h.master  # a new master (or a new watcher): its lease starts now
             self.master_heard = now
+            self.watched_at = now
             return []
+        if now - self.watched_at > self.config.lease / 2:
+            # (this rank did not run for half a lease: the master's beats may be waiting to be read)
+            self.master_heard = max(self.master_heard, now - self.config.lease / 2)
+        self.watched_at = now
         lease = self.config.lease
         if self.rank != deputy(h):
             lease *= 2  # (the deputy judges first; this one only when the deputy cannot)
@@ -149,9 +154,17 @@ class Watching(StationCore):
         now = self.clock()
         # Looking ten times per lease finds a silent child at most 10 % late, instead of scanning
         # every child on every tick.
-        if now - self.leases_checked < lease / 10:
+        gap = now - self.leases_checked
+        if gap < lease / 10:
             return []
         self.leases_checked = now
+        if lease / 2 < gap < 1e300:
+            # This rank itself did not run for half a lease (a loaded machine, a swap storm): what it
+            # has not heard meanwhile may be waiting for it. Every child gets a whole lease from now.
+            for child in d.children.values():
+                child.heard = max(child.heard, now - lease / 2)
+            if self.recon is not None:
+                self.recon.started = max(self.recon.started, now - lease / 2)
         late = [(r, "was silent for a lease (hung: stopped, or its task holds the GIL)")
                 for r in d.overdue(now, lease)]
         recon = self.recon

@@ -135,3 +135,20 @@ def test_a_million_failed_tasks_are_listed_in_part_and_counted_by_error():
                                                          "ids": 90_000}
     lines = failed_lines(listed, len(led.failed)).splitlines()
     assert len(lines) == FAILED_LINES + 1 and "and 99,980 more failed tasks" in lines[-1]
+
+
+def test_a_parent_that_itself_did_not_run_for_a_while_gives_its_children_a_lease_again():
+    """A loaded machine can stop the parent rather than the child: what it has not read yet may be
+    the children's beats, so after a gap of half a lease or more it does not judge on what it missed."""
+    (master, *_), now = stations()
+    now[0] = 1.0
+    master.handle(Tick())
+    now[0] = 30.0  # (the master's process did not run for 29 s)
+    assert not [e for e in master.handle(Tick()) if isinstance(e, Kill)]
+    for r in (1, 2, 3):
+        master.handle(Received(r, Heartbeat(0)))  # (their beats were waiting in its queue)
+    for t in (32.0, 34.0):
+        now[0] = t
+        assert not [e for e in master.handle(Tick()) if isinstance(e, Kill)]
+    now[0] = 35.6  # (ranks 1-3 silent for 5.6 s now, the master running all along)
+    assert sorted(e.rank for e in master.handle(Tick()) if isinstance(e, Kill)) == [1, 2, 3]
