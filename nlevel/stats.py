@@ -7,8 +7,10 @@ summaries are gathered to rank 0 and merged for the report.
 from __future__ import annotations
 
 import math
-import random
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import random
 
 __all__ = ["Summary", "RequestTimes"]
 
@@ -45,6 +47,8 @@ class Summary:
     @property
     def _rng(self) -> random.Random:
         if self._rng_ is None:
+            import random  # (here: a farm's first call need not pay for it, and most summaries never draw)
+
             self._rng_ = random.Random(self._seed)
         return self._rng_
 

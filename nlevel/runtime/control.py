@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from typing import Any
 
@@ -27,6 +26,8 @@ def control_dir(checkpoint: str | os.PathLike[str]) -> str:
 
 
 def _write(path: str, data: dict[str, Any]) -> None:
+    import tempfile  # (only an operator's request or its answer: a farm without one does not pay it)
+
     directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     with os.fdopen(fd, "w") as f:

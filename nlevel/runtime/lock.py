@@ -33,15 +33,14 @@ from __future__ import annotations
 import errno
 import json
 import os
-import socket
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 from ..errors import CheckpointError
+from .machine import hostname
 
 __all__ = ["HEARTBEAT_S", "STALE_FACTOR", "Holder", "Lock", "LockHeld", "ForeignLock", "lock_path", "job_id",
            "read_holder", "adopt"]
@@ -250,12 +249,12 @@ class Lock:
         """
         path = lock_path(checkpoint)
         log = log or _stderr
-        host = host if host is not None else socket.gethostname()
+        host = host if host is not None else hostname()
         pid = pid if pid is not None else os.getpid()
         job = job if job is not None else job_id()
         for _ in range(5):
             now = clock()
-            me = Holder(host, pid, job, now, now, float(interval), uuid.uuid4().hex, started_of(pid))
+            me = Holder(host, pid, job, now, now, float(interval), os.urandom(16).hex(), started_of(pid))
             if _create(path, me):
                 return cls(path, me, clock=clock, log=log)
             old = read_holder(path)
@@ -321,7 +320,7 @@ def adopt(checkpoint: str | os.PathLike[str], token: str, *, host: str | None = 
     """
     path = lock_path(checkpoint)
     log = log or _stderr
-    host = host if host is not None else socket.gethostname()
+    host = host if host is not None else hostname()
     pid = pid if pid is not None else os.getpid()
     try:
         old = read_holder(path)
@@ -395,7 +394,7 @@ def _remove_if_same(path: str, old: Holder) -> bool:
     jobs taking over at once, one moves it), then checked: if what was moved is not the
     lock judged stale (another job replaced it meanwhile), it is put back.
     """
-    aside = f"{path}.stale-{socket.gethostname()}-{os.getpid()}"
+    aside = f"{path}.stale-{hostname()}-{os.getpid()}"
     try:
         os.rename(path, aside)
     except FileNotFoundError:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
-import tempfile
+import time
 from typing import Any
 
 from .._version import __version__
@@ -157,7 +156,7 @@ def build_report(
     busy = tasks.total
     report: dict[str, Any] = {
         "nlevel_version": __version__,
-        "started": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(timespec="seconds"),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(started)),  # (ISO 8601; datetime cost 4 ms)
         "wall_s": wall,
         "size": size,
         "app": app or {},
@@ -213,6 +212,8 @@ def master_wrote(path: str | os.PathLike[str], job: str) -> bool:
 
 def write_json(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
     """Write ``report`` to ``path`` atomically (temp file + rename): a kill never leaves half a report."""
+    import tempfile  # (at the end, by the caller that writes a report: not on a farm's first call)
+
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from typing import Any
 
@@ -19,6 +18,7 @@ from mpi4py import MPI
 from ..roles.events import Died
 from ..roles.messages import Message, decode, encode
 from .backoff import Backoff
+from .machine import hostname
 from .startwatch import mark
 
 mark("up")  # (MPI is initialised: for nlevel-mpiexec, this job's start is over)
@@ -120,7 +120,7 @@ def _exists(pid: int) -> bool:
 
 def host() -> str:
     """Return this process's host name, for reports and error messages."""
-    return MPI.Get_processor_name() or socket.gethostname()
+    return MPI.Get_processor_name() or hostname()
 
 
 class Transport:
