@@ -28,7 +28,6 @@ import atexit
 import os
 import sys
 import time
-import traceback
 from typing import Any, Callable, Iterator, Sequence
 
 from .config import Config
@@ -36,6 +35,12 @@ from .errors import ConfigError, NlevelError
 from .roles.events import Ran
 from .roles.messages import Result, TaskFailure
 from .roles.results import as_result, describe, shown
+
+# The farm's machinery, MPI's modules excepted, is imported with nlevel: a farm's first call then
+# pays for its set-up, not for imports (python -X importtime; docs/development.md). The runtime's
+# MPI modules (farm, transport, window) are left to that call: importing mpi4py initialises MPI,
+# which `import nlevel` must not do. tests/unit/test_first_call.py holds the first call to that.
+from .runtime import costs as _costs, identity as _identity, pids as _pids, rank as _rank, report as _report  # noqa: F401
 
 __all__ = ["Farm", "get_task_id"]
 
@@ -454,6 +459,8 @@ def _abort_job(rank: int, what: str, exc_type: Any, exc: Any, tb: Any, ft: bool 
     No rank may hang on it: under fault tolerance this process dies by SIGKILL, which the
     others detect (an ordinary exit would leave them waiting, see MPI_NOTES).
     """
+    import traceback  # (here: a farm that ends well never needs it)
+
     from .runtime.transport import host
 
     then = "killing this process; the others carry on without it" if ft else (

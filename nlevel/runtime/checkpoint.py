@@ -43,10 +43,12 @@ import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
+
+if TYPE_CHECKING:  # (numpy.typing at run time cost a farm's first call 2 ms)
+    import numpy.typing as npt
 
 from nlevel.errors import CheckpointError
 from nlevel.runtime.identity import covers, differences, fingerprint, identity_error, start_over

@@ -28,7 +28,6 @@ import errno
 import json
 import os
 import stat
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -198,6 +197,8 @@ def read(path: str) -> bytes:
 
 
 def _write(path: str, data: dict[str, Any]) -> None:
+    import tempfile  # (only an operator's request or its answer: a farm without one does not pay it)
+
     directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:

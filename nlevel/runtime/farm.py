@@ -20,8 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-import uuid
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .._version import __version__
 from ..config import Config
@@ -31,14 +30,16 @@ from ..roles.events import Ran
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.station import Station
-from . import checkpoint as ckpt
 from . import control, machine, signals, window
 from .backoff import Backoff
 from .identity import identity
-from .rank import MpiPort, Runner, clock
+from .rank import MpiPort, Runner, clock, prepare_takeover
 from .startwatch import mark, start_records
 from .report import build_report, failed_lines, failed_tasks, ledger_status, merge_stats, station_facts
 from .transport import MpiError, Transport, agree, kill_self, revoke, setup_recovery, shrink, user_ranks, world
+
+if TYPE_CHECKING:  # (imported by a farm that has a checkpoint: numpy and h5py come with it)
+    from . import checkpoint as ckpt
 
 __all__ = ["FarmRuntime"]
 
@@ -290,7 +291,8 @@ class FarmRuntime:
                              pulse=t.thread_multiple)
         self.loop.running = self.runner.task_running
         if self.rank == 0 or cfg.ft:  # (the master, or a rank that may become master)
-            self.runner.after_step, self.runner.prepare_takeover = self._release_when_ended, ckpt.h5 if path else None
+            self.runner.after_step = self._release_when_ended
+            self.runner.prepare_takeover = prepare_takeover if path else None
         self.progress: Any = None
         self.recorder: Any = None
         if self.rank == 0 and cfg.progress:
@@ -361,14 +363,15 @@ class FarmRuntime:
             sys.stderr.write(f"nlevel: warning: {note}\n")
         plan = config.plan(self.size)
         path = os.fspath(checkpoint) if checkpoint is not None else None
-        snap = ckpt.Snapshot.empty()
         meta = None
         app, params = identity(fingerprint)  # (checked with or without a checkpoint)
         token = None
+        self._ledger = Ledger(total, width=self.width)
         if path is not None:
-            # First of all, before --fresh moves the old file aside: one checkpoint, one job.
+            from . import checkpoint as ckpt
             from .lock import Lock
 
+            # First of all, before --fresh moves the old file aside: one checkpoint, one job.
             self.lock = Lock.acquire(path)
             token = self.lock.holder.token
             if self.result_fields is not None:
@@ -381,14 +384,14 @@ class FarmRuntime:
                                  f"this run counts only {source}, so the rest does not block a resume\n")
             self.writer = ckpt.Writer(path, meta)
             os.makedirs(control.control_dir(path), exist_ok=True)  # operators' requests (python -m nlevel.drain)
-        self._ledger = snap.ledger(total, self.width)
+            self._ledger = snap.ledger(total, self.width)
         if self.retry_failed:
             again = self._ledger.retry_failed()
             shown = ", ".join(map(str, again[:20])) + (f" ... ({len(again)} in all)" if len(again) > 20 else "")
             sys.stderr.write(f"nlevel: retrying {len(again)} failed task(s) recorded in {path}: {shown}\n"
                              if again else f"nlevel: --retry-failed: {path or 'no checkpoint'} records no failed "
                              f"task; running what is not done\n")
-        return config, plan, path, meta, total, token, costs_from, uuid.uuid4().hex  # (the last: this job's id)
+        return config, plan, path, meta, total, token, costs_from, os.urandom(16).hex()  # (the last: this job's id)
 
     def _boards(self, cfg: Config, boards: window.WindowBoards | None, window_failed: bool, self_test: str,
                 slots: tuple[int, int]) -> tuple[Any, str]:
@@ -430,11 +433,6 @@ class FarmRuntime:
     def ledger(self) -> Ledger | None:
         """The master's ledger (None on other ranks)."""
         return self.station.ledger if self.station.is_master else None
-
-    @property
-    def drained(self) -> bool:
-        """Whether an operator took this rank out of the job."""
-        return self.station.drain_requested
 
     # -- the end ------------------------------------------------------------------------------
     def end(self) -> None:

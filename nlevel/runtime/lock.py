@@ -41,16 +41,15 @@ from __future__ import annotations
 import errno
 import json
 import os
-import socket
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 from ..errors import CheckpointError
 from . import pids
+from .machine import hostname
 
 __all__ = ["HEARTBEAT_S", "STALE_FACTOR", "Holder", "Lock", "LockHeld", "ForeignLock", "lock_path", "job_id",
            "read_holder", "adopt"]
@@ -238,12 +237,12 @@ class Lock:
         """
         path = lock_path(checkpoint)
         log = log or _stderr
-        host = host if host is not None else socket.gethostname()
+        host = host if host is not None else hostname()
         pid = pid if pid is not None else os.getpid()
         job = job if job is not None else job_id()
         for _ in range(5):
             now = clock()
-            me = Holder(host, pid, job, now, now, float(interval), uuid.uuid4().hex, started_of(pid))
+            me = Holder(host, pid, job, now, now, float(interval), os.urandom(16).hex(), started_of(pid))
             if _create(path, me):
                 return cls(path, me, clock=clock, log=log)
             old = read_holder(path)
@@ -310,7 +309,7 @@ def adopt(checkpoint: str | os.PathLike[str], token: str, *, host: str | None = 
     """
     path = lock_path(checkpoint)
     log = log or _stderr
-    host = host if host is not None else socket.gethostname()
+    host = host if host is not None else hostname()
     pid = pid if pid is not None else os.getpid()
     try:
         old = read_holder(path)
@@ -330,7 +329,7 @@ def adopt(checkpoint: str | os.PathLike[str], token: str, *, host: str | None = 
     # Rename it aside (atomic: a job taking it over at once moves it, or finds it moved), check
     # what was moved, then create the new one exclusively: never a write over another job's lock.
     me = _replace_holder(old, host=host, pid=pid, heartbeat=now, pid_started=_pid_started(pid))
-    aside = f"{path}.adopt-{socket.gethostname()}-{os.getpid()}"
+    aside = f"{path}.adopt-{hostname()}-{os.getpid()}"
     try:
         os.rename(path, aside)
     except OSError as exc:
@@ -457,7 +456,7 @@ def _remove_if_same(path: str, old: Holder, still_stale: Callable[[Holder], bool
     judged stale (another job replaced it meanwhile), or its heartbeat came back
     (``still_stale`` says no: a job that was slow, not gone), it is put back.
     """
-    aside = f"{path}.stale-{socket.gethostname()}-{os.getpid()}"
+    aside = f"{path}.stale-{hostname()}-{os.getpid()}"
     try:
         os.rename(path, aside)
     except FileNotFoundError:

@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import Config
 from ..errors import CheckpointError, NlevelError
@@ -37,11 +37,13 @@ from ..roles.loop import Loop
 from ..roles.messages import KillRequest, Message, TaskFailure
 from ..roles.recovery import successors
 from ..roles.station import Station
-from . import checkpoint as ckpt
 from . import control, signals
 from .backoff import Backoff
 
-__all__ = ["MpiPort", "Runner", "clock"]
+if TYPE_CHECKING:  # (imported where a checkpoint is written or read: numpy and h5py come with it)
+    from . import checkpoint as ckpt
+
+__all__ = ["MpiPort", "Runner", "clock", "prepare_takeover"]
 
 clock = time.perf_counter
 
@@ -186,6 +188,8 @@ class MpiPort:
         if self.lost is not None:
             self.checkpoint_error = self.lost
             return self.lost.problem
+        from . import checkpoint as ckpt
+
         try:
             if self.writer is None:
                 self.writer = ckpt.Writer(self.checkpoint, self.meta)  # a new master
@@ -204,6 +208,8 @@ class MpiPort:
     def load_checkpoint(self) -> tuple[Ledger | None, str]:
         if self.checkpoint is None or self.meta is None:
             return None, ""
+        from . import checkpoint as ckpt
+
         try:
             snap = ckpt.load(self.checkpoint, self.meta)
         except NlevelError as exc:
@@ -237,6 +243,14 @@ class MpiPort:
 
     def stop_requested(self) -> bool:
         return signals.requested()
+
+
+def prepare_takeover() -> None:
+    """Import what a new master's first read of the checkpoint needs (:attr:`Runner.prepare_takeover`):
+    the checkpoint's module with numpy and h5py, which a farm imports only when it has a checkpoint."""
+    from . import checkpoint as ckpt
+
+    ckpt.h5()
 
 
 def _nothing() -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
-import uuid
+import time
 from typing import Any
 
 from .._version import __version__
@@ -209,7 +208,7 @@ def build_report(
     busy = tasks.total
     report: dict[str, Any] = {
         "nlevel_version": __version__,
-        "started": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(timespec="seconds"),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(started)),  # (ISO 8601; datetime cost 4 ms)
         "wall_s": wall,
         "size": size,
         "app": app or {},
@@ -268,7 +267,7 @@ def _create_temp(path: str) -> tuple[int, str]:
     """A new temporary file beside ``path``, with an ordinary file's mode: 0666 less the umask, which
     the kernel applies (reading the umask means setting it, process-wide: never from a thread)."""
     while True:
-        tmp = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp"
+        tmp = f"{path}.{os.getpid()}-{os.urandom(6).hex()}.tmp"
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
         except FileExistsError:

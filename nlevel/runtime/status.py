@@ -27,7 +27,6 @@ import argparse
 import collections
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ from .._version import __version__
 from .control import control_dir
 from .report import write_json
 from .pids import alive as _pid_alive
+from .machine import hostname
 
 __all__ = ["Recorder", "assemble", "format_status", "main", "read_checkpoint", "read_json", "read_lock", "record_path",
            "status"]
@@ -114,7 +114,7 @@ class Recorder:
             committed, total = int(state.pop("committed", 0)), int(state.pop("total", 0))
             rate = self.rate(now, committed)
             record = {
-                "nlevel_version": __version__, "checkpoint": self.checkpoint, "host": socket.gethostname(),
+                "nlevel_version": __version__, "checkpoint": self.checkpoint, "host": hostname(),
                 "pid": os.getpid(), "job_id": self.job, "started": self.started, "updated": now,
                 "interval": self.interval, "committed": committed, "total": total,
                 "resumed": state.pop("resumed", None), "size": state.pop("size", None), "rate_per_s": rate,
@@ -320,7 +320,7 @@ def status(path: str) -> dict[str, Any]:
         if record is None and lock is None:
             raise
         ck = None  # a job that started but has not written its first checkpoint yet
-    return assemble(path, ck, record, lock, now=time.time(), this_host=socket.gethostname())
+    return assemble(path, ck, record, lock, now=time.time(), this_host=hostname())
 
 
 # ---------------------------------------------------------------- showing it

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ from ..roles.events import Died
 from ..roles.messages import Message, decode, encode
 from . import pids
 from .backoff import Backoff
+from .machine import hostname
 from .startwatch import mark
 
 mark("up")  # (MPI is initialised: for nlevel-mpiexec, this job's start is over)
@@ -109,7 +109,7 @@ def kill_self() -> None:
 
 def host() -> str:
     """Return this process's host name, for reports and error messages."""
-    return MPI.Get_processor_name() or socket.gethostname()
+    return MPI.Get_processor_name() or hostname()
 
 
 class Transport:

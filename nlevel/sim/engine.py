@@ -92,7 +92,7 @@ class _Counting(LocalMemory):
         self.sink[0] += 1
         return super().read(index, count)
 
-    def write(self, index: int, values: np.ndarray | list[int]) -> None:
+    def write(self, index: int, values: Sequence[int]) -> None:
         self.sink[0] += 1
         super().write(index, values)
 
