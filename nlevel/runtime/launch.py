@@ -93,9 +93,9 @@ def _worst_recorded(where: str) -> int:
 # mpiexec options that take a value (so the command's start can be found).
 _WITH_VALUE = {
     "-n", "-np", "--np", "-c", "--n", "--with-ft", "--map-by", "--bind-to", "--rank-by", "-x",
-    "--host", "-H", "--hostfile", "--machinefile", "--output", "--pmixmca", "--prtemca", "--wdir", "--timeout",
+    "--host", "-H", "--hostfile", "--machinefile", "--output", "--wdir", "--timeout",
 }
-_WITH_TWO_VALUES = {"--mca", "-mca", "--gmca"}
+_WITH_TWO_VALUES = {"--mca", "-mca", "--gmca", "--prtemca", "--pmixmca"}
 _HOSTS = {"--host", "-H", "--hostfile", "--machinefile"}
 
 

@@ -41,6 +41,15 @@ def test_mpiexec_options_pass_through(monkeypatch):
     assert cmd == ["/x/mpiexec", "-n", "3", "--with-ft", "ulfm", "--mca", "btl", "self,sm", sys.executable, "app.py", "-n", "5"]
 
 
+def test_options_with_two_values_are_kept_whole(monkeypatch):
+    """``--prtemca NAME VALUE`` (and ``--pmixmca``) take two words: the second is not the program."""
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    args = ["--host", "a:2,b:2", "--prtemca", "plm_ssh_agent", "/x/agent", "--pmixmca", "ptl_base_verbose", "0",
+            "python", "app.py"]
+    cmd, _ = launch.build_command(args, cores=8, root=False, open_mpi=True)
+    assert cmd == ["/x/mpiexec", *args[:-2], sys.executable, "app.py"]
+
+
 @pytest.fixture
 def restore_signals():
     """main() installs its forwarding handlers in this process: put the test runner's back."""
