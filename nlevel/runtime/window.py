@@ -26,16 +26,23 @@ from ..roles.board import EMPTY, HEADER, LocalMemory, words
 from ..roles.messages import BoardOp, BoardReply, Tag, decode
 from .backoff import Backoff
 
-__all__ = ["WindowBoards", "LocalBoards", "MessageBoards", "allocate", "self_test_problem", "SELF_TEST"]
+__all__ = ["WindowBoards", "LocalBoards", "MessageBoards", "allocate", "self_test_problem", "SELF_TEST", "WORD"]
 
 #: The reserved word of each board that the set-up self-test counts on.
 SELF_TEST = 2
+#: The one datatype of every operation on the window, origin and target alike. An accumulate's
+#: origin and target must have the same basic datatype; mpi4py describes a numpy int64 buffer as
+#: MPI_LONG, a different basic datatype from MPI_INT64_T even where both are 8-byte integers.
+#: Open MPI's osc/rdma (windows across nodes) refuses the mix with MPI_ERR_TYPE for accumulates
+#: larger than its fast path (the initialisation of a board), and fails SUM with MPI_ERR_ARG;
+#: osc/sm (one node) lets it pass.
+WORD = MPI.INT64_T
 
 
 class WindowMemory:
     """Board ``base`` (a word offset) of rank ``target`` in ``win``: every operation completes before it returns."""
 
-    __slots__ = ("win", "target", "base", "_one", "_res", "_cmp")
+    __slots__ = ("win", "target", "base", "_one", "_res", "_cmp", "_one_w", "_res_w", "_cmp_w")
 
     def __init__(self, win: Any, target: int, base: int) -> None:
         self.win = win
@@ -44,41 +51,45 @@ class WindowMemory:
         self._one = np.zeros(1, np.int64)
         self._res = np.zeros(1, np.int64)
         self._cmp = np.zeros(1, np.int64)
+        # (the buffers with their datatype, built once: the hot path passes them as they are)
+        self._one_w = [self._one, WORD]
+        self._res_w = [self._res, WORD]
+        self._cmp_w = [self._cmp, WORD]
 
     def fetch_add(self, index: int, n: int) -> int:
         self._one[0] = n
-        self.win.Fetch_and_op(self._one, self._res, self.target, self.base + index, MPI.SUM)
+        self.win.Fetch_and_op(self._one_w, self._res_w, self.target, self.base + index, MPI.SUM)
         self.win.Flush(self.target)
         return int(self._res[0])
 
     def get(self, index: int) -> int:
-        self.win.Fetch_and_op(self._one, self._res, self.target, self.base + index, MPI.NO_OP)
+        self.win.Fetch_and_op(self._one_w, self._res_w, self.target, self.base + index, MPI.NO_OP)
         self.win.Flush(self.target)
         return int(self._res[0])
 
     def read(self, index: int, count: int) -> np.ndarray:
         out = np.empty(count, np.int64)
         if count == 1:
-            self.win.Fetch_and_op(self._one, out, self.target, self.base + index, MPI.NO_OP)
+            self.win.Fetch_and_op(self._one_w, [out, WORD], self.target, self.base + index, MPI.NO_OP)
         else:
-            self.win.Get_accumulate(out, out, self.target, (self.base + index, count, MPI.INT64_T), MPI.NO_OP)
+            self.win.Get_accumulate([out, WORD], [out, WORD], self.target, (self.base + index, count, WORD), MPI.NO_OP)
         self.win.Flush(self.target)
         return out
 
     def write(self, index: int, values: np.ndarray | list[int]) -> None:
         values = np.ascontiguousarray(values, np.int64)
-        self.win.Accumulate(values, self.target, (self.base + index, len(values), MPI.INT64_T), MPI.REPLACE)
+        self.win.Accumulate([values, WORD], self.target, (self.base + index, len(values), WORD), MPI.REPLACE)
         self.win.Flush(self.target)
 
     def put(self, index: int, value: int) -> None:
         self._one[0] = value
-        self.win.Accumulate(self._one, self.target, (self.base + index, 1, MPI.INT64_T), MPI.REPLACE)
+        self.win.Accumulate(self._one_w, self.target, (self.base + index, 1, WORD), MPI.REPLACE)
         self.win.Flush(self.target)
 
     def cas(self, index: int, expected: int, new: int) -> int:
         self._cmp[0] = expected
         self._one[0] = new
-        self.win.Compare_and_swap(self._one, self._cmp, self._res, self.target, self.base + index)
+        self.win.Compare_and_swap(self._one_w, self._cmp_w, self._res_w, self.target, self.base + index)
         self.win.Flush(self.target)
         return int(self._res[0])
 
@@ -146,8 +157,8 @@ def allocate(comm: Any, rank: int, slots: tuple[int, int]) -> tuple[WindowBoards
         for base in (0, words(slots[0])):
             init[base : base + HEADER] = 0
         # Everything but the leaf board's self-test word (the others may be adding to rank 0's already).
-        win.Accumulate(init[:SELF_TEST], rank, (0, SELF_TEST, MPI.INT64_T), MPI.REPLACE)
-        win.Accumulate(init[SELF_TEST + 1 :], rank, (SELF_TEST + 1, n - SELF_TEST - 1, MPI.INT64_T), MPI.REPLACE)
+        win.Accumulate([init[:SELF_TEST], WORD], rank, (0, SELF_TEST, WORD), MPI.REPLACE)
+        win.Accumulate([init[SELF_TEST + 1 :], WORD], rank, (SELF_TEST + 1, n - SELF_TEST - 1, WORD), MPI.REPLACE)
         win.Flush(rank)
     except MPI.Exception as exc:
         return None, None, f"rank {rank}: one-sided operations on the window failed: {exc.Get_error_string()}"
