@@ -81,3 +81,13 @@ def test_every_window_operation_names_one_datatype_for_origin_and_target(monkeyp
             assert isinstance(buf, list) and buf[-1] == MPI.INT64_T, (name, buf)
         if target is not None:
             assert target[-1] == MPI.INT64_T, (name, target)
+
+
+def test_under_fault_tolerance_a_window_across_nodes_is_not_used():
+    """Across nodes (osc/rdma) an atomic on a rank that has exited blocked for ever: the end of a
+    ULFM job on the emulated cluster hung every time. One node, or no fault tolerance: allowed."""
+    from nlevel.runtime.window import cross_node_problem
+
+    assert cross_node_problem(True, ["node1", "node1", "node2", "node3"]).startswith("the window spans 3 nodes (node1, node2, node3)")
+    assert cross_node_problem(True, ["vm"] * 8) == ""
+    assert cross_node_problem(False, ["node1", "node2"]) == ""
