@@ -33,21 +33,19 @@ the options of :meth:`Cluster.mpiexec_args`. Nothing here imports MPI.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 __all__ = [
     "DIR_VAR", "DEFAULT_DIR", "PREFIX", "ClusterError", "Node", "Cluster",
-    "unavailable", "up", "down", "load", "main",
+    "unavailable", "up", "down", "load", "stale",
 ]
 
 #: The environment variable naming the cluster's state directory.
@@ -231,18 +229,24 @@ class Cluster:
             "--prtemca", "oob_tcp_if_include", net,
             "--mca", "btl", "tcp,self",
             "--mca", "btl_tcp_if_include", net,
+            # (no UCX device here: the wheel's osc/ucx prints an error at every window's creation)
+            "--mca", "osc", "^ucx",
         ]
 
     def mpiexec(self, args: Sequence[str], per_node: int = 2, nodes: Sequence[str | int] | None = None,
-                plain: bool = False, python: str | None = None) -> list[str]:
+                plain: bool = False, python: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
         """The command that runs ``nlevel-mpiexec`` (``plain``: the venv's ``mpiexec``) on the head node
-        across the nodes, with ``args`` (mpiexec options, then the program) after the cluster's options."""
+        across the nodes, with ``args`` (mpiexec options, then the program) after the cluster's options.
+        ``PYTHONPATH``, when set in ``env`` (the command's environment, default this process's), is
+        passed on to every rank (``-x``): the daemons, started as ssh would start them, pass none of
+        the caller's environment on (the other nodes' ranks would import another copy of nlevel)."""
         python = python or sys.executable
+        forward = ["-x", "PYTHONPATH"] if (os.environ if env is None else env).get("PYTHONPATH") else []
         if plain:
             launcher = [os.path.join(os.path.dirname(python), "mpiexec")]
         else:
             launcher = [python, "-m", "nlevel.runtime.launch"]
-        return [*self.enter(self.head), *launcher, *self.mpiexec_args(per_node, nodes), *args]
+        return [*self.enter(self.head), *launcher, *self.mpiexec_args(per_node, nodes), *forward, *args]
 
     def to_json(self) -> dict[str, object]:
         return {"subnet": self.subnet, "owner": self.owner,
@@ -296,7 +300,7 @@ def load(where: str | None = None) -> Cluster | None:
     return Cluster(where, nodes, data["subnet"], data.get("owner"))
 
 
-def _stale(cluster: Cluster | None) -> bool:
+def stale(cluster: Cluster | None) -> bool:
     """Whether a cluster's state is incomplete (a keeper or namespace gone): only good for removal."""
     if cluster is None:
         return bool(_ours("netns") or _ours("link"))
@@ -316,7 +320,9 @@ exec nsenter -t "$pid" --net --uts --mount --wd="$PWD" -- "$@"
 _AGENT = """#!/bin/sh
 # PRRTE's launch agent for the emulated cluster in {where} (--prtemca plm_ssh_agent):
 # called as `AGENT [ssh options] HOST COMMAND`, runs COMMAND through a shell on HOST with a
-# login-like environment (ssh forwards none of the caller's variables).
+# login-like environment (ssh forwards none of the caller's variables). Like an ssh client,
+# the agent itself stays where it was started (the launcher's node) until COMMAND ends, and
+# exits 255 when COMMAND is killed (a node lost under it), as ssh does when its link drops.
 while [ $# -gt 0 ]; do
   case "$1" in
     -[bcDEeFIiJLlmOopQRSWw]) shift 2 ;;  # (ssh options that take a value)
@@ -325,8 +331,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 host=$1; shift
-exec "{where}/enter" "$host" env -i HOME="${{HOME:-/root}}" USER="${{USER:-root}}" LOGNAME="${{LOGNAME:-root}}" \\
+"{where}/enter" "$host" env -i HOME="${{HOME:-/root}}" USER="${{USER:-root}}" LOGNAME="${{LOGNAME:-root}}" \\
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/sh -c "$*"
+status=$?
+[ "$status" -gt 128 ] && exit 255
+exit "$status"
 """
 
 # The keeper: a node's first process. It makes the node's host name, hosts file and /dev/shm,
@@ -487,112 +496,3 @@ def down(where: str | None = None, force: bool = False, owner: int | None = None
         shutil.rmtree(where, ignore_errors=True)
         removed.append(f"state {where}")
     return removed
-
-
-# ---------------------------------------------------------------- command line
-
-def _status(cluster: Cluster) -> str:
-    lines = [f"cluster in {cluster.where}: {len(cluster.nodes)} nodes on {BRIDGE} ({cluster.subnet}.0/24)"
-             + (f", owned by pid {cluster.owner}" if cluster.owner and _alive(cluster.owner) else "")]
-    for n in cluster.nodes:
-        try:
-            with open(f"/sys/class/net/{n.link}/operstate") as f:
-                link = f.read().strip()
-        except OSError:
-            link = "missing"
-        state = "up" if _alive(n.keeper) else "DEAD (keeper gone: run `up` again)"
-        procs = cluster.pids(n)
-        stopped = sum(1 for p in procs if _state(p) == "T")
-        lines.append(f"  {n.name:8} {n.address:15} node {state}, link {link}, {len(procs)} processes"
-                     + (f" ({stopped} stopped)" if stopped else ""))
-    return "\n".join(lines)
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return "?"
-
-
-def _need(where: str | None) -> Cluster:
-    cluster = load(where)
-    if cluster is None:
-        raise ClusterError(f"no cluster in {_dir(where)}: start one with `python -m nlevel.testing.cluster up`")
-    return cluster
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m nlevel.testing.cluster COMMAND``; returns the exit status (2: bad input or no cluster)."""
-    p = argparse.ArgumentParser(prog="python -m nlevel.testing.cluster", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dir", help=f"the state directory (default ${DIR_VAR} or {DEFAULT_DIR})")
-    sub = p.add_subparsers(dest="command", required=True)
-    u = sub.add_parser("up", help="make a fresh cluster (a previous or stale one is removed)")
-    u.add_argument("--nodes", type=int, default=3)
-    u.add_argument("--subnet", default=DEFAULT_SUBNET, help="first three numbers of a private /24")
-    d = sub.add_parser("down", help="remove the cluster, its processes, namespaces and links")
-    d.add_argument("--force", action="store_true", help="even if a running test session owns it")
-    sub.add_parser("status", help="the nodes, their links and processes")
-    e = sub.add_parser("exec", help="run a command on a node")
-    e.add_argument("node")
-    e.add_argument("cmd", nargs=argparse.REMAINDER)
-    for name, what in (("kill", "SIGKILL every process of a node"), ("freeze", "SIGSTOP every process of a node"),
-                       ("thaw", "SIGCONT every process of a node"), ("cut", "take a node's link down"),
-                       ("mend", "bring a node's link up"), ("pids", "list a node's processes")):
-        sub.add_parser(name, help=what).add_argument("node")
-    m = sub.add_parser("mpiexec", help="run nlevel-mpiexec across the nodes, from the first node")
-    m.add_argument("--per-node", type=int, default=2, help="ranks per node (default 2)")
-    m.add_argument("--nodes", help="comma-separated node names (default all)")
-    m.add_argument("--plain", action="store_true", help="the venv's mpiexec, not nlevel-mpiexec")
-    m.add_argument("args", nargs=argparse.REMAINDER, help="mpiexec options and the program (after --)")
-    a = sub.add_parser("args", help="print the mpiexec options for the cluster")
-    a.add_argument("--per-node", type=int, default=2)
-    a.add_argument("--nodes")
-    ns = p.parse_args(argv)
-    try:
-        if ns.command == "up":
-            print(_status(up(ns.nodes, ns.dir, ns.subnet)))
-            return 0
-        if ns.command == "down":
-            removed = down(ns.dir, force=ns.force)
-            print("removed: " + ", ".join(removed) if removed else "no cluster")
-            return 0
-        cluster = _need(ns.dir)
-        if ns.command == "status":
-            print(_status(cluster))
-            return 0 if not _stale(cluster) else 1
-        if ns.command in ("exec", "mpiexec"):
-            rest = list(ns.cmd if ns.command == "exec" else ns.args)
-            if rest[:1] == ["--"]:
-                rest = rest[1:]
-            if not rest:
-                raise ClusterError(f"{ns.command}: no command given")
-            if ns.command == "exec":
-                cmd = [*cluster.enter(ns.node), *rest]
-            else:
-                nodes = ns.nodes.split(",") if ns.nodes else None
-                cmd = cluster.mpiexec(rest, ns.per_node, nodes, plain=ns.plain)
-            sys.stdout.flush()
-            return subprocess.call(cmd)
-        if ns.command == "args":
-            print(shlex.join(cluster.mpiexec_args(ns.per_node, ns.nodes.split(",") if ns.nodes else None)))
-            return 0
-        node = cluster.node(ns.node)
-        if ns.command == "pids":
-            print(" ".join(map(str, cluster.pids(node))))
-        elif ns.command == "cut":
-            cluster.cut(node)
-        elif ns.command == "mend":
-            cluster.mend(node)
-        else:
-            done = {"kill": cluster.kill, "freeze": cluster.freeze, "thaw": cluster.thaw}[ns.command](node)
-            print(f"{ns.command}: {node.name}: {len(done)} processes" + (f" ({' '.join(map(str, done))})" if done else ""))
-        return 0
-    except ClusterError as exc:
-        print(f"cluster: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
