@@ -400,14 +400,14 @@ class FarmRuntime:
         if cfg.grants == "two-sided":
             return window.MessageBoards(t, self.rank, slots, cfg.poll_max, lambda: t.failed), \
                 "grants are two-sided (--grants two-sided): every claim is a message to the parent's server"
-        if not window_failed and not self_test and boards is not None:
+        spread = window.cross_node_problem(cfg.ft, (place[0] for place in t.places))  # (alike on every rank)
+        if not window_failed and not self_test and not spread and boards is not None:
             return boards, ""
-        problem = "" if window_failed else self_test
         if boards is not None:
             boards.close(collective=not window_failed)  # (a rank whose allocation failed has no window to free)
+        problem = ("" if window_failed else self_test or spread) or "see the message above"
         return window.MessageBoards(t, self.rank, slots, cfg.poll_max, lambda: t.failed), \
-            f"one-sided operations do not work here ({problem or 'see the message above'}); falling back to " \
-            f"two-sided grants (messages to each server)"
+            f"one-sided operations do not work here ({problem}); falling back to two-sided grants (messages to each server)"
 
     def _model(self) -> dict[str, Any]:
         from .progress import model_state

@@ -18,7 +18,9 @@ and the rate and ETA while it runs. Three files feed it, all optional but the ch
   one: read tolerantly (any of the usual key spellings, times as ISO text or seconds).
 
 A job is "running" when the lock or the record names a process that is alive (same host)
-or whose heartbeat is recent (another host). Reading changes nothing on disk.
+or whose heartbeat is recent (another host: :func:`stopped_after` three missed refreshes,
+counted on the record's 2 s heartbeat when the record and the lock name one process).
+Reading changes nothing on disk.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from .pids import alive as _pid_alive
 from .machine import hostname
 
 __all__ = ["Recorder", "assemble", "format_status", "main", "read_checkpoint", "read_json", "read_lock", "record_path",
-           "status"]
+           "status", "stopped_after"]
 
 RECORD = "status.json"
 _JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "JOB_ID")
@@ -230,6 +232,12 @@ def _seconds(x: Any) -> float | None:
     return None
 
 
+def stopped_after(interval: float) -> float:
+    """Seconds after which a heartbeat refreshed every ``interval`` s has stopped: three missed
+    refreshes and 2 s for clocks of different hosts (the heartbeat's time is the writer's)."""
+    return 3 * interval + 2.0
+
+
 def _holder(src: dict[str, Any] | None, kind: str, now: float, this_host: str,
             alive: Callable[[int], bool]) -> dict[str, Any] | None:
     """Who a lock or record names, and whether that process runs now."""
@@ -248,8 +256,10 @@ def _holder(src: dict[str, Any] | None, kind: str, now: float, this_host: str,
         running = alive(pid)
         how = "process alive" if running else "process gone"
     elif beat is not None:
-        fresh = now - beat <= max(3 * every, 10.0)
-        running, how = fresh, f"heartbeat {now - beat:.0f} s ago"
+        age = now - beat
+        running = age <= stopped_after(every)
+        how = f"heartbeat {age:.0f} s ago" if running else \
+            f"heartbeat stopped {age:.0f} s ago (expected every {every:g} s)"
     else:
         running, how = False, "no heartbeat"
     return {"from": kind, "host": host, "pid": pid, "job_id": _first(src, "job_id", "jobid", "job", "slurm_job_id"),
@@ -261,6 +271,9 @@ def assemble(path: str, ck: dict[str, Any] | None, record: dict[str, Any] | None
     """The status from what was read (pure): the dict ``--json`` prints and :func:`format_status` shows."""
     holders = [h for h in (_holder(lock, "lock", now, this_host, alive), _holder(record, "record", now, this_host, alive))
                if h is not None]
+    if len(holders) == 2 and (holders[0]["host"], holders[0]["pid"]) == (holders[1]["host"], holders[1]["pid"]) \
+            and holders[1]["heartbeat"] is not None and not (record or {}).get("finished"):
+        holders = holders[1:]  # (one process: its record, refreshed every 2 s by a thread, tells sooner than its lock)
     running = next((h for h in holders if h["running"]), None)
     rec = record if record and record.get("checkpoint") in (None, os.path.abspath(path)) else None
     total = ck["total"] if ck else (rec or {}).get("total")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from array import array
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from mpi4py import MPI
 
@@ -26,10 +26,18 @@ from ..roles.board import EMPTY, HEADER, LocalMemory, words
 from ..roles.messages import BoardOp, BoardReply, Tag, decode
 from .backoff import Backoff
 
-__all__ = ["WindowBoards", "LocalBoards", "MessageBoards", "allocate", "self_test_problem", "SELF_TEST"]
+__all__ = ["WindowBoards", "LocalBoards", "MessageBoards", "allocate", "self_test_problem", "cross_node_problem", "SELF_TEST",
+           "WORD"]
 
 #: The reserved word of each board that the set-up self-test counts on.
 SELF_TEST = 2
+#: The one datatype of every operation on the window, origin and target alike. An accumulate's
+#: origin and target must have the same basic datatype; mpi4py describes a numpy int64 buffer as
+#: MPI_LONG, a different basic datatype from MPI_INT64_T even where both are 8-byte integers.
+#: Open MPI's osc/rdma (windows across nodes) refuses the mix with MPI_ERR_TYPE for accumulates
+#: larger than its fast path (the initialisation of a board), and fails SUM with MPI_ERR_ARG;
+#: osc/sm (one node) lets it pass.
+WORD = MPI.INT64_T
 
 
 def _words(values: Sequence[int] | int) -> array[int]:
@@ -179,6 +187,22 @@ def self_test_problem(seen: list[int | None]) -> str:
         return (f"the window's self-test saw {sorted(values)[:16]} from {len(values)} atomic additions "
                 f"(expected {len(values)} consecutive values)")
     return ""
+
+
+def cross_node_problem(ft: bool, hosts: Iterable[str]) -> str:
+    """Why one-sided grants must not be used ("" when they may): under fault tolerance, a window
+    whose ranks run on more than one host (``hosts``: every rank's processor name).
+
+    Across nodes the window is Open MPI's osc/rdma, and an atomic on a target that has died or
+    exited blocks for ever (no ULFM error): on the emulated cluster a rank still scanning its
+    parent's board after that parent had ended hung the job's end, every time. On one node
+    (osc/sm) the memory outlives its owner and the operation completes.
+    """
+    nodes = sorted(set(hosts))
+    if not ft or len(nodes) <= 1:
+        return ""
+    return (f"the window spans {len(nodes)} nodes ({', '.join(nodes[:4])}{', ...' if len(nodes) > 4 else ''}), "
+            f"where an atomic on a rank that has died or exited blocks for ever (Open MPI's osc/rdma)")
 
 
 class LocalBoards:
