@@ -222,7 +222,16 @@ class FarmRuntime:
                     raise ConfigError(str(exc)) from None
             else:
                 plan = fit_nodes(self.size, plan, nodes)
-            self._early = None  # (stocked for a layout without the nodes)
+            early = self._early
+            if early is not None and [n for n in early[0].hierarchy.nodes] != build(
+                    self.size, plan, node_sizes=nodes).nodes:
+                # Stocked for a layout without the nodes (a plan of regions): what it published is
+                # taken back before anyone claims (claims start after this exchange), or a claimer
+                # would find those ranges beside the new station's and run them twice.
+                server = early[0].server
+                if server is not None:
+                    server.close_boards(0, clock())
+                self._early = None
         self.plan, self._lock_token = plan, lock_token
         self.config: Config = cfg
         self.checkpoint: str | None = path

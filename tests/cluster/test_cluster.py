@@ -26,7 +26,7 @@ APP = os.path.join(ROOT, "tests", "apps", "where_app.py")
 PER_NODE = 2
 
 
-def job(cluster, tmp_path, env, app_args, ft=False, extra=()):
+def job(cluster, tmp_path, env, app_args, ft=False, extra=(), per_node=PER_NODE):
     """The command (and environment) of an nlevel job across every node, run from the first."""
     logs = tmp_path / "logs"
     logs.mkdir(exist_ok=True)
@@ -34,7 +34,7 @@ def job(cluster, tmp_path, env, app_args, ft=False, extra=()):
             "python", "-m", "nlevel.run", APP, "--checkpoint", str(tmp_path / "run.h5"),
             "--report", str(tmp_path / "r.json"), "--quiet", *app_args]
     env = {**env, "NLEVEL_TEST_LOG_DIR": str(logs)}
-    return cluster.mpiexec(args, per_node=PER_NODE, env=env), env
+    return cluster.mpiexec(args, per_node=per_node, env=env), env
 
 
 def executions(tmp_path) -> tuple[Counter[int], dict[int, set[tuple[str, str]]]]:
@@ -142,6 +142,34 @@ rows = world.gather((world.rank, socket.gethostname(), node.size, int(word[0])))
 if world.rank == 0:
     print(rows)
 """
+
+
+@pytest.mark.timeout(240)
+def test_regions_are_whole_nodes_and_a_slave_claims_on_its_own_node(cluster, tmp_path, mpi_env):
+    """--regions 2 over 3 nodes of 2: regions [node1] and [node2, node3] (by ranks they would be 0-2
+    and 3-5, cutting node2): every region-master leads whole nodes, every id runs once."""
+    cmd, env = job(cluster, tmp_path, mpi_env, ["--n", "600", "--levels", "3", "--regions", "2"])
+    proc = run_bounded(cmd, 200, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = report(tmp_path)
+    assert r["complete"] and r["hierarchy"]["region_masters"] == 1, r["hierarchy"]
+    roles = {row["rank"]: row["role"] for row in r["per_rank"]}
+    assert roles[0] == "master" and roles[2] == "region-master" and roles[3] == "slave", roles
+    runs, _ = executions(tmp_path)
+    assert set(runs) == set(range(600)) and max(runs.values()) == 1
+
+
+@pytest.mark.timeout(120)
+def test_regions_that_would_split_a_node_are_refused_in_one_line(cluster, tmp_path, mpi_env):
+    """3 nodes of 4 ranks: 4 regions would need a node cut in two."""
+    cmd, env = job(cluster, tmp_path, mpi_env, ["--n", "60", "--levels", "3", "--regions", "4"], per_node=4,
+                   extra=("--bind-to", "none"))
+    proc = run_bounded(cmd, 100, cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if "would split a node" in line]
+    assert lines and "regions 4 at level 1 would split a node: those ranks run on 3 nodes (4, 4, 4 ranks per node)" \
+        in lines[0], proc.stderr[-2000:]
+    assert not (tmp_path / "run.h5").exists()
 
 
 @pytest.mark.timeout(120)
