@@ -98,7 +98,8 @@ class StationCore:
         self.master_heard = clock()  # a watcher: when the master was last heard (it heartbeats)
         self.watching: int | None = None  # the master this rank watches now
         self.watched_at = 0.0  # when this rank last looked at the master's silence
-        self.heartbeat_sent = -1e300
+        self.looked_at = -1e300  # when it last had the runtime look for processes that exited
+        self.heartbeat_sent = clock()  # (its parent heard it at the start: the first beat is one period on)
         self.overran_tasks: set[int] = set()  # this rank's own tasks past --task-timeout, told once
         self.own_running = 0.0  # seconds its user loop has spent in the task it runs now (see Tick)
         # The end (see nlevel.roles.ending).
@@ -284,8 +285,13 @@ class StationCore:
                 d.close_boards(FINAL, now)
         elif isinstance(d, Master) and (d.exhausted or d.abandoned) and not self.final_asked and not self.loading:
             self.final_asked = True  # the last checkpoint first; FINAL when it is on disk
-            outs.append(WriteCheckpoint(final=True))
+            outs += self.final_checkpoint()
         return outs
+
+    def final_checkpoint(self) -> list[Effect]:
+        """The master: what writing the last checkpoint takes (see the failure handling's, which copies
+        the last commits to the deputy first)."""
+        return [WriteCheckpoint(final=True)]
 
     def finish_job(self) -> list[Effect]:
         """The master's final checkpoint is written: release everyone (FINAL on the boards)."""

@@ -520,6 +520,11 @@ class Failures(StationCore):
         """The master's death counts, for the deputy (as ranges per count: a few, whatever the ids held)."""
         return d.deaths.ranges()
 
+    def final_checkpoint(self) -> list[Effect]:
+        """Everything is committed: under fault tolerance the deputy gets the last commits before the
+        checkpoint is written and anyone is released, so a master dying now leaves a complete ledger."""
+        return (self.mirror_out(force=True) if self.ft else []) + super().final_checkpoint()
+
     def mirror_out(self, force: bool = False) -> list[Effect]:
         """The master: send the deputy what was committed since the last copy (batched), or a heartbeat."""
         d = self.server

@@ -21,7 +21,7 @@ from ..ranges import RangeSet
 from .ending import Closing
 from .events import (
     Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Leave, Log, NeedIds, Overran,
-    Ran, Received, Send, Stop, Tick, UserError,
+    Ran, Received, Send, Served, Stop, Tick, UserError,
 )
 from .messages import (
     Ack, BoardOp, BoardReply, Drain, Ending, Gone, Halt, Heartbeat, Holding, KillRequest, Message, Mirror, Regroup,
@@ -80,6 +80,11 @@ class Station(Replanning, Closing, Watching):
         if kind is CheckpointLoaded:
             assert isinstance(event, CheckpointLoaded)
             return self.loaded(event)
+        if kind is Served:
+            assert isinstance(event, Served)
+            if self.planner is not None:
+                self.planner.on_service(event.seconds)
+            return []
         if kind is Overran:
             assert isinstance(event, Overran)
             return self.overran(event.task, event.seconds)
@@ -219,7 +224,7 @@ class Station(Replanning, Closing, Watching):
         outs += self.lease_kills()
         if self.ft:
             outs += self.mirror_out()
-        outs += self.heartbeats() + self.watch_master()
+        outs += self.heartbeats() + self.watch_master() + self.watch()
         outs += self.closing()
         return outs
 

@@ -32,7 +32,7 @@ from ..config import Config
 from ..errors import SimStalled
 from ..model.hierarchy import Hierarchy
 from ..roles.board import LocalMemory
-from ..roles.events import DrainRequest, NeedIds, Ran, Received, Tick
+from ..roles.events import DrainRequest, NeedIds, Ran, Received, Served, Tick
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import Message
@@ -532,7 +532,7 @@ class Engine:
                 sink[0] = 0
                 loop.handle(Received(src, msg))
                 if st.planner is not None:
-                    st.planner.on_service(c.service_time)  # (μ, as the runtime measures it while serving)
+                    loop.handle(Served(c.service_time))  # (μ, as the runtime measures it while serving)
                 ag.send_all(r, t)
                 last_served[r] = t
                 ag.after_server(r, t)

@@ -29,6 +29,8 @@ def beats(effects):
 
 def test_a_slave_beats_to_its_parent_once_per_beat_period():
     (master, slave, *_), now = stations()
+    assert beats(slave.handle(Tick())) == []  # (its parent heard it at the start)
+    now[0] += beat_period(5.0)
     assert [d for d, _ in beats(slave.handle(Tick()))] == [0]
     now[0] += beat_period(5.0) / 2
     assert beats(slave.handle(Tick())) == []
