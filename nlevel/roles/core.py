@@ -114,6 +114,7 @@ class StationCore:
         self.mirror_failures: list[FailureRecord] = []
         self.mirror_deaths = Tally()  # the deputy: the master's death counts per id
         self.mirror_hand: Ranges = ()  # the deputy: what the master's own loop held at the last copy
+        self.timed_out_hand = RangeSet()  # the deputy: the master's own task past its limit (no fault tolerance)
         self.hand_sent: Ranges = ()  # the master: its own loop's holding as last copied
         # Ids at or above this mark were never handed out: the master keeps it ahead of what it
         # publishes and copies it to the deputy, which as the next master hands them out at once.

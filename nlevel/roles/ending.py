@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import CheckpointError
 from ..stats import RequestTimes, Summary
 from .core import StationCore
 from .events import Effect, Send
@@ -160,15 +159,27 @@ class Closing(StationCore):
         self.endings[src] = msg
         return self.closing()
 
+    @property
     def all_ended(self) -> bool:
         """The master: whether every live rank has ended, so the job can be released."""
         if self.info.parent is not None or self.released is not None or not self.over:
             return False
         return all(c in self.endings for c in self._live_children())
 
+    @property
     def ready(self) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
         """The master, once every live rank has ended: (every rank's row, the merged statistics); else None."""
-        return self.end_payload() if self.all_ended() else None
+        return self.end_payload() if self.all_ended else None
+
+    @property
+    def payload(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Every rank's row and the merged statistics, from every live rank's Ending (the master's report)."""
+        return self.end_payload()
+
+    @property
+    def partial_payload(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The same from the Endings this rank has (a deputy that finished a dead master's release)."""
+        return self.end_payload(partial=True)
 
     def end_payload(self, partial: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """Every rank's row (by rank) and the merged statistics, from the Endings in (the master;
@@ -221,11 +232,6 @@ class Closing(StationCore):
         self.released = Release(code, failed, report, error=error, errno=errno)
         return outs
 
-    def release_error(self, path: str | None) -> CheckpointError | None:
-        """The checkpoint's write error the master told with its release (None: it had none)."""
-        r = self.released
-        return CheckpointError(r.error, path=path, errno=r.errno or None) if r is not None and r.error else None
-
     def release_deputy(self) -> list[Effect]:
         """The master, its own end done (report written, lock released): the releases it held back
         (see :meth:`release`: the deputy's under fault tolerance; everyone's after a rank was given
@@ -241,6 +247,7 @@ class Closing(StationCore):
             self.released = msg
         return []
 
+    @property
     def left_after_release(self) -> set[int]:
         """A rank that finished a dead master's release: the ranks the master had released (they
         exited, which ULFM tells it as deaths; they are not failures). Empty elsewhere."""

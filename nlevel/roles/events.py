@@ -17,7 +17,8 @@ from .ledger import Ledger
 from .messages import Message, Result, TaskFailure
 
 __all__ = [
-    "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "Overran", "Served", "CheckpointLoaded",
+    "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "Overran", "Served", "ReleaseJob", "ReportDone",
+    "CheckpointLoaded",
     "CheckpointWritten", "UserError", "Event",
     "Send", "Kill", "Abandon", "Watch", "WriteCheckpoint", "LoadCheckpoint", "Answer", "Log", "Effect",
 ]
@@ -128,6 +129,25 @@ class Overran:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseJob:
+    """The master ends the job for everyone (every live rank has ended: see ``Station.all_ended``):
+    ``code`` is the status every process ends with, ``report`` the facts its deputy needs should the
+    master die now, ``error`` the checkpoint's write error (its text and ``errno``) for every rank to
+    raise alike."""
+
+    code: int
+    report: dict[str, Any] | None = None
+    error: str = ""
+    errno: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReportDone:
+    """The master's last work (its report written, its lock given back) is done: the releases it held
+    back go out (its deputy's under fault tolerance)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Served:
     """Handling one message took ``seconds`` of this rank's CPU (the master's planner measures its μ)."""
 
@@ -159,8 +179,8 @@ class UserError:
     why: str
 
 
-Event = Union[Received, Tick, Died, Ran, NeedIds, Leave, Stop, DrainRequest, Overran, Served, CheckpointLoaded,
-              CheckpointWritten, UserError]
+Event = Union[Received, Tick, Died, Ran, NeedIds, Leave, Stop, DrainRequest, Overran, Served, ReleaseJob, ReportDone,
+              CheckpointLoaded, CheckpointWritten, UserError]
 
 
 # -- effects ---------------------------------------------------------------------------------

@@ -411,6 +411,11 @@ class Failures(StationCore):
             out.add_ranges(ranges.ranges())
         return out
 
+    @property
+    def held_ids(self) -> RangeSet:
+        """Every id this rank and its subtree hold, completions in flight to live parents included."""
+        return self.holding()
+
     def holding(self, sent: bool = True) -> RangeSet:
         """Every id this rank and its subtree hold, for a Holding (``sent``: and :meth:`sent`)."""
         held = RangeSet()
@@ -472,7 +477,18 @@ class Failures(StationCore):
             self.mirror_hand = ()
             if inside:
                 d.requeue_lost(inside, *where, count=True)
+        if recon.everything and self.timed_out_hand:
+            # (counted already, in the checkpoint the given-up master left: judged, not counted again)
+            judged = RangeSet()
+            for a, b in self.timed_out_hand.ranges():
+                judged.add_ranges(lost.within(a, b))
+            lost.remove_ranges(judged.ranges())
+            self.timed_out_hand = RangeSet()
+        else:
+            judged = RangeSet()
+        n0, q0 = d.requeue_lost(judged, *where, count=False, judge=True) if judged else (0, [])
         n, quarantined = d.requeue_lost(lost, *where, count=not recon.everything, in_flight=False)
+        n, quarantined = n + n0, q0 + quarantined
         wall = self.wall()
         for record in recon.records:
             self.failures.append(record.closed(n, tuple(quarantined), wall, since=recon.last_death))

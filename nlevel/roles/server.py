@@ -248,7 +248,7 @@ class Server:
         return self._block_weight
 
     def requeue_lost(self, ids: RangeSet, rank: int = -1, host: str = "", how: str = "",
-                     count: bool = True, in_flight: bool = True) -> tuple[int, list[int]]:
+                     count: bool = True, in_flight: bool = True, judge: bool = False) -> tuple[int, list[int]]:
         """Ids held by a process that died: queue them again; return (requeued, quarantined ids).
 
         An id held by ``quarantine`` processes that died is not run again: it is recorded
@@ -259,11 +259,13 @@ class Server:
         ``in_flight=False``: a server died holding them, most of them stock that never ran: the
         death counts, but quarantines nothing by itself; the ids it brings to the limit go out
         alone from now on (suspects), and the next death holding one decides.
+        ``judge``: no death counts (it was counted already), but ids at their quarantine are not run again.
         """
         quarantined: list[int] = []
-        if count and ids:
+        if (count or judge) and ids:
             held = ids.ranges()
-            self.deaths.add(held)
+            if count:
+                self.deaths.add(held)
             over = self.deaths.at_least(self.quarantine, held)
             if over and not in_flight:
                 self.suspects.add_ranges(over.ranges())

@@ -21,7 +21,7 @@ from ..ranges import RangeSet
 from .ending import Closing
 from .events import (
     Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Leave, Log, NeedIds, Overran,
-    Ran, Received, Send, Served, Stop, Tick, UserError,
+    Ran, Received, ReleaseJob, ReportDone, Send, Served, Stop, Tick, UserError,
 )
 from .messages import (
     Ack, BoardOp, BoardReply, Drain, Ending, Gone, Halt, Heartbeat, Holding, KillRequest, Message, Mirror, Regroup,
@@ -80,6 +80,11 @@ class Station(Replanning, Closing, Watching):
         if kind is CheckpointLoaded:
             assert isinstance(event, CheckpointLoaded)
             return self.loaded(event)
+        if kind is ReleaseJob:
+            assert isinstance(event, ReleaseJob)
+            return self.release(event.code, event.report, event.error, event.errno)
+        if kind is ReportDone:
+            return self.release_deputy()
         if kind is Served:
             assert isinstance(event, Served)
             if self.planner is not None:

@@ -29,6 +29,7 @@ from task times, so a task of any length never makes its process look hung:
 from __future__ import annotations
 
 from ..model.hierarchy import Hierarchy, Role
+from ..ranges import RangeSet
 from .core import StationCore
 from .events import Abandon, Effect, Kill, Send, Watch
 from .master import Master
@@ -223,6 +224,11 @@ class Watching(StationCore):
         d = self.server
         if not isinstance(d, Master) or self.ledger is None:
             self.timeout_notes.append((rank, ids))  # the deputy: for when it takes over
+            if rank == self.hierarchy.master and not self.ft:
+                # The master's own task, given up without fault tolerance: the master counted this
+                # timeout in the checkpoint it leaves, which this rank takes over from; an id at its
+                # quarantine then must not be handed out again (see Failures._finish_recon).
+                self.timed_out_hand.add_ranges(ids)
             return []
         led = self.ledger
         for a, b in ids:

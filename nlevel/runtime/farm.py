@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .._version import __version__
 from ..config import Config
-from ..errors import ConfigError, NlevelError, PlanError
+from ..errors import CheckpointError, ConfigError, NlevelError, PlanError
 from ..model.hierarchy import Hierarchy, build, check_nodes, fit_nodes, nodes_of
-from ..roles.events import Ran
+from ..roles.events import Ran, ReleaseJob, ReportDone, Tick
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.station import Station
@@ -183,7 +183,7 @@ class FarmRuntime:
             # exchange meanwhile anyway). Used only if the exchange says the window is good.
             cfg0, plan0, total0 = self._decided[0], self._decided[1], self._decided[4]
             st = Station(build(self.size, plan0), 0, cfg0, clock, boards, total0, self._ledger, self.width)
-            self._early = (st, st.serve(full=True))
+            self._early = (st, st.handle(Tick()))
         problem = _check_total(total)
         mine = int(total) if problem is None else 0
         # One collective answers the set-up's questions (rank 0's decision, bad totals, threads,
@@ -492,7 +492,7 @@ class FarmRuntime:
             self.released_at = time.time()
         if self._released_all or successor:  # the master: the report, once every rank's part is over
             error = self._closing
-            rows, totals = st.end_payload(partial=successor)
+            rows, totals = st.partial_payload if successor else st.payload
             assert st.ledger is not None
             self.report = self._report(rows, totals, st.ledger)
             if successor:
@@ -507,7 +507,10 @@ class FarmRuntime:
             self.port.lock.release()
         if not self.hold_deputy:
             self.release_deputy()
-        if (error := error or st.release_error(self.checkpoint)) is not None:  # (the master's, told with the release)
+        told = st.released
+        if error is None and told.error:  # (the master's, told with the release)
+            error = CheckpointError(told.error, path=self.checkpoint, errno=told.errno or None)
+        if error is not None:
             raise ckpt.write_error(self.checkpoint or "", error) from None  # (new: no chain, no writer's traceback)
 
     def release_deputy(self) -> None:
@@ -516,7 +519,7 @@ class FarmRuntime:
         under fault tolerance (it watches the master until then, and writes the report if it
         dies); everyone's when, without it, a rank was given up."""
         if self._released_all or self.station.finished_release:
-            held = self.station.release_deputy()
+            held = self.station.handle(ReportDone())
             if held:
                 self.loop.perform(held)
                 self.t.flush(timeout=5.0)
@@ -531,7 +534,7 @@ class FarmRuntime:
         if ledger is None:
             return
         self.released_code, self.released_at = status, time.time()
-        rows, totals = st.end_payload(partial=True)  # (its own row: no other rank is left)
+        rows, totals = st.partial_payload  # (its own row: no other rank is left)
         report = self._report(rows, totals, ledger)
         if self.port.checkpoint_error is not None:
             report["checkpoint_error"] = str(self.port.checkpoint_error)
@@ -562,7 +565,7 @@ class FarmRuntime:
     def _release_when_ended(self) -> None:
         """The master, under the runner's lock: release everyone once every live rank has ended."""
         st = self.station
-        if st.is_master and st.all_ended():
+        if st.is_master and st.all_ended:
             self._release()
 
     def _release(self) -> None:
@@ -582,12 +585,14 @@ class FarmRuntime:
         sys.stderr.write(failed_lines(failed, len(ledger.failed)))
         sys.stderr.flush()
         code = ledger_status(ledger, stopped=st.stopped, error=error is not None or bool(st.user_errors))
-        self.loop.perform(st.release(code, {"complete": complete, "failed": failed}, error))
+        self.loop.handle(ReleaseJob(code, {"complete": complete, "failed": failed},
+                                    getattr(error, "problem", None) or str(error) if error is not None else "",
+                                    getattr(error, "errno", None) or 0))
         self._released_all, self._closing, self.released_at = True, error, time.time()
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
         st = self.station
-        left = st.left_after_release()
+        left = st.left_after_release
         if left:
             totals = {**totals, "failures": [f for f in totals["failures"] if f["rank"] not in left]}
         report = build_report(

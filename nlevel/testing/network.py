@@ -26,7 +26,7 @@ from ..model.hierarchy import build
 from ..model.plan import Plan
 from ..ranges import RangeSet
 from ..roles.board import LocalMemory
-from ..roles.events import Died, DrainRequest, Overran, Received
+from ..roles.events import Died, DrainRequest, Overran, Received, ReleaseJob, ReportDone
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import Message, TaskFailure
@@ -256,7 +256,7 @@ class Network:
         self.hung.discard(rank)
         self.stuck.pop(rank, None)
         st = self.stations[rank]
-        self.at_risk.add_ranges(st.holding().ranges())
+        self.at_risk.add_ranges(st.held_ids.ranges())
         for (src, dest), q in self.channels.items():
             if rank in (src, dest):
                 for m in q:
@@ -340,12 +340,12 @@ class Network:
         pool = servers + waiting + ending + busy
         master = self.master() if self.live() else None
         if master is not None and master not in self.hung and stations[master].released is None:
-            ready = stations[master].ready()
+            ready = stations[master].ready
             if ready is not None:
                 rows, stats = ready
                 self.report = {"rows": rows, "failures": stats["failures"], "master": master}
-                self.loops[master].perform(stations[master].release(0, self.report))
-                self.loops[master].perform(stations[master].release_deputy())  # (its end is instant here)
+                self.loops[master].handle(ReleaseJob(0, self.report))
+                self.loops[master].handle(ReportDone())  # (its end is instant here)
                 return True
         if not pool and not live and not runnable and not noticed:
             return False

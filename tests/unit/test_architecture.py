@@ -314,3 +314,75 @@ def test_a_subpackage_importing_what_it_may_not_is_found(tmp_path):
     assert sorted(layering(modules(pkg))) == ["drain.py:1: the top level may not import nlevel.testing",
                                               "model/bad.py:1: model may not import nlevel.roles.station",
                                               "sim/engine.py:2: sim may not import nlevel.runtime.node"]
+
+
+# ---------------------------------------------------------------- one way into a station (issue 35)
+
+#: The drivers of stations: they translate I/O into events and perform effects, nothing else.
+DRIVERS = ("runtime", "sim", "testing", "roles/loop.py", "api.py")
+#: Attributes of a station that hold callables of the driver's own (calling them is not entering the station).
+CLOCKS = {"clock", "wall"}
+#: A station's parts that are state machines themselves (calling one of their methods enters the station).
+PARTS = {"planner", "worker", "server"}
+
+
+def _station_expr(e: ast.expr, names: set[str]) -> bool:
+    """Whether ``e`` denotes a station: ``self.station``, ``stations[...]``, ``Station(...)`` or a name bound to one."""
+    if isinstance(e, ast.Name):
+        return e.id in names
+    if isinstance(e, ast.Attribute):
+        return e.attr == "station"
+    if isinstance(e, ast.Subscript):
+        v = e.value
+        return (isinstance(v, ast.Name) and v.id == "stations") or (isinstance(v, ast.Attribute) and v.attr == "stations")
+    if isinstance(e, ast.Call):
+        return isinstance(e.func, ast.Name) and e.func.id == "Station"
+    return False
+
+
+def station_calls(package: Path) -> list[str]:
+    """Calls of a station's methods other than ``handle`` in the drivers (properties may be read)."""
+    out = []
+    for rel in DRIVERS:
+        path = package / rel
+        if not path.exists():
+            continue
+        for p in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            tree = ast.parse(p.read_text())
+            for fn in ast.walk(tree):
+                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+                    continue
+                names: set[str] = set()
+                for n in ast.walk(fn):
+                    if isinstance(n, ast.Assign) and _station_expr(n.value, names):
+                        names |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+                    if isinstance(n, ast.Assign) and isinstance(n.value, ast.Tuple):  # st, loop = self.station, ...
+                        for t, v in zip(n.targets[0].elts if isinstance(n.targets[0], ast.Tuple) else [],
+                                        n.value.elts):
+                            if isinstance(t, ast.Name) and _station_expr(v, names):
+                                names.add(t.id)
+                for n in ast.walk(fn):
+                    if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)):
+                        continue
+                    if _station_expr(n.func.value, names) and n.func.attr in {"handle"} | CLOCKS:
+                        continue
+                    inner = n.func.value  # (a call on a station's part counts too: st.planner.tick())
+                    if isinstance(inner, ast.Attribute) and inner.attr in PARTS:
+                        inner = inner.value
+                    if _station_expr(inner, names):
+                        out.append(f"{p.relative_to(package.parent)}:{n.lineno}: {ast.unparse(n.func)}()")
+    return sorted(set(out))
+
+
+def test_drivers_enter_a_station_only_through_handle(real):
+    """The MPI runtime, the simulator, the in-process network, the loop and the user's API reach a
+    station only with events (``handle``); they may read its properties, never call its other methods."""
+    assert station_calls(PACKAGE) == []
+
+
+def test_a_driver_calling_a_station_method_is_found(tmp_path):
+    pkg = make(tmp_path, {"runtime/farm.py": "def f(self):\n    st = self.station\n    st.handle(1)\n"
+                                             "    st.release(0)\n    self.station.serve()\n    st.clock()\n"
+                                             "    st.planner.tick(1)\n"})
+    assert station_calls(pkg) == ["nlevel/runtime/farm.py:4: st.release()", "nlevel/runtime/farm.py:5: self.station.serve()",
+                                  "nlevel/runtime/farm.py:7: st.planner.tick()"]
