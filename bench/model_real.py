@@ -69,8 +69,9 @@ def prediction(r: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     for d in r.get("decisions") or []:
         if d.get("service_s_used"):
             service = d["service_s_used"]
-    costs = Costs(service, c["msg_time"], c["atomic_time"], c["atomic_service"], c["report_age"], c["batch_age"],
-                  c["batch"], c["chunk_target"], c["max_chunk"], headroom=c["headroom"])
+    costs = Costs(service_time=service, msg_time=c["msg_time"], atomic_time=c["atomic_time"],
+                  atomic_service=c["atomic_service"], report_age=c["report_age"], batch_age=c["batch_age"],
+                  batch=c["batch"], chunk_target=c["chunk_target"], max_chunk=c["max_chunk"], headroom=c["headroom"])
     work = Workload(r["size"], t["mean"] * ms, (t["std"] * ms) ** 2, t["max"] * ms, r["total"])
     plan = Plan.from_dict(r["plan_history"][-1] if r.get("plan_history") else r["plan"])
     p = predict(plan, work, costs)

@@ -313,8 +313,10 @@ class Config:
             PlanError: when the plan does not fit ``size``.
         """
         if self.auto:
-            costs = Costs(self.service_time, self.msg_time, self.atomic_time, self.atomic_service, self.report_age,
-                          self.batch_age, self.batch, self.chunk_target, self.max_chunk, headroom=self.headroom)
+            costs = Costs(service_time=self.service_time, msg_time=self.msg_time, atomic_time=self.atomic_time,
+                          atomic_service=self.atomic_service, report_age=self.report_age, batch_age=self.batch_age,
+                          batch=self.batch, chunk_target=self.chunk_target, max_chunk=self.max_chunk,
+                          headroom=self.headroom)
             return first_plan(size, costs, self.threshold, self.serve_only, self.prefetch, self.chunk,
                               self.task_time)
         regions = self.regions or default_regions(size, self.levels)

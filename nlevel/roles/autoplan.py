@@ -32,6 +32,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from ..config import Config
@@ -49,9 +50,10 @@ KEPT = 128
 
 def costs_of(config: Config, service_time: float | None = None) -> Costs:
     """The model's costs from the settings (and a measured service time, when there is one)."""
-    return Costs(service_time if service_time else config.service_time, config.msg_time, config.atomic_time,
-                 config.atomic_service, config.report_age, config.batch_age, config.batch, config.chunk_target,
-                 config.max_chunk, headroom=config.headroom)
+    return Costs(service_time=service_time if service_time else config.service_time, msg_time=config.msg_time,
+                 atomic_time=config.atomic_time, atomic_service=config.atomic_service, report_age=config.report_age,
+                 batch_age=config.batch_age, batch=config.batch, chunk_target=config.chunk_target,
+                 max_chunk=config.max_chunk, headroom=config.headroom)
 
 
 class AutoPlanner:
@@ -198,9 +200,7 @@ class AutoPlanner:
             current = predict(self.plan, work, costs, dispersion)
         if dispersion > 1:
             # Bursts queue longer: keep more headroom (Kingman: waits grow with (1 + dispersion) / 2).
-            costs = Costs(costs.service_time, costs.msg_time, costs.atomic_time, costs.atomic_service,
-                          costs.report_age, costs.batch_age, costs.batch, costs.chunk_target, costs.max_chunk,
-                          costs.detect, max(0.35, costs.headroom * 2 / (1 + dispersion)))
+            costs = replace(costs, headroom=max(0.35, costs.headroom * 2 / (1 + dispersion)))
         decision = choose_plan(work, costs, c.threshold, self.plan.serve_only, dispersion)
         chosen = decision.chosen
         same = (decision.plan.levels, decision.plan.regions) == (self.plan.levels, self.plan.regions)

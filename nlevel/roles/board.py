@@ -9,7 +9,7 @@ Layout of one board (``K`` slots)::
 
     word 0      HEAD   tickets handed out (low 40 bits; a claimer fetch-and-adds it) and
                        the board's epoch (the bits above: the plan it serves)
-    word 1      TAIL   tickets published so far, with the FINAL, CLOSED and DRAINED flags
+    word 1      TAIL   tickets published so far, with the FINAL, CLOSED and ALL_OUT flags
     word 2..3   (reserved)
     word 4..    the ring: slot ``t % K`` holds ticket ``t``
 
@@ -38,9 +38,9 @@ the rank that claimed it. The protocol:
 * **Final / closed.** FINAL in TAIL: nothing will ever be published again (a claimer
   whose slot is EMPTY is done). CLOSED: this board is being retired (the plan changed);
   a claimer looks for its new parent.
-* **Drained.** DRAINED in TAIL (the master's boards): everything is published and the
+* **All out.** ALL_OUT in TAIL (the master's boards): everything is published and the
   rest is out running; ids come back only after a failure or a leaver, FINAL comes when
-  the last completion is in. A claimer that finds its slot EMPTY learns it (``"drained"``):
+  the last completion is in. A claimer that finds its slot EMPTY learns it (``"all-out"``):
   a leaf may then send its part of the end early (:mod:`nlevel.roles.ending`). Unlike
   the other two flags it goes down again (ids came back).
 
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol, Sequence
 
 __all__ = [
-    "HEAD", "TAIL", "HEADER", "FINAL", "CLOSED", "DRAINED", "EMPTY", "LEN_BITS", "MAX_ID", "MAX_LEN", "TICKET_BITS",
+    "HEAD", "TAIL", "HEADER", "FINAL", "CLOSED", "ALL_OUT", "EMPTY", "LEN_BITS", "MAX_ID", "MAX_LEN", "TICKET_BITS",
     "marker", "pack", "unpack", "words",
     "Memory", "Boards", "LocalMemory", "Claim", "Claimer", "Owner",
 ]
@@ -65,9 +65,9 @@ TAIL: Final = 1
 HEADER: Final = 4  # words before the ring
 FINAL: Final = 1 << 62
 CLOSED: Final = 1 << 61
-DRAINED: Final = 1 << 60
+ALL_OUT: Final = 1 << 60
 _ENDS: Final = FINAL | CLOSED
-_FLAGS: Final = FINAL | CLOSED | DRAINED
+_FLAGS: Final = FINAL | CLOSED | ALL_OUT
 EMPTY: Final = -1
 LEN_BITS: Final = 20
 MAX_LEN: Final = (1 << LEN_BITS) - 1
@@ -176,7 +176,7 @@ class Claim:
         start, stop: The ids ``[start, stop)`` (empty when ``start == stop``).
         status: ``"ids"``; ``"lost"`` (the ticket yielded nothing: claim again);
             ``"wait"`` (nothing published for the ticket yet: take it again later);
-            ``"drained"`` (the same, on a board whose owner has published everything);
+            ``"all-out"`` (the same, on a board whose owner has published everything);
             ``"final"`` (nothing will ever come from this board); ``"closed"`` (this board
             is retired: the claimer's parent changed); ``"stale"`` (the board serves
             another epoch than the claimer's).
@@ -188,7 +188,7 @@ class Claim:
 
 
 _WAIT: Final = Claim(0, 0, "wait")
-_DRAINED: Final = Claim(0, 0, "drained")
+_ALL_OUT: Final = Claim(0, 0, "all-out")
 _LOST: Final = Claim(0, 0, "lost")
 _FINAL: Final = Claim(0, 0, "final")
 _CLOSED: Final = Claim(0, 0, "closed")
@@ -240,7 +240,7 @@ class Claimer:
             if (tail & ~_FLAGS) <= t:
                 if tail & FINAL:
                     return _FINAL
-                return _DRAINED if tail & DRAINED else _WAIT  # (ticket kept for the next try)
+                return _ALL_OUT if tail & ALL_OUT else _WAIT  # (ticket kept for the next try)
             value = mem.get(index)  # published just after the first read?
             if value == EMPTY:
                 self.ticket = -1  # taken back by the owner: claim anew
@@ -392,9 +392,9 @@ class Owner:
         """Whether FINAL or CLOSED is up: nothing more is published here."""
         return bool(self.flags & _ENDS)
 
-    def set_drained(self, mem: Memory, drained: bool) -> None:
-        """Raise or lower DRAINED (see the module docstring)."""
-        flags = self.flags | DRAINED if drained else self.flags & ~DRAINED
+    def set_all_out(self, mem: Memory, out: bool) -> None:
+        """Raise or lower ALL_OUT (see the module docstring)."""
+        flags = self.flags | ALL_OUT if out else self.flags & ~ALL_OUT
         if flags != self.flags:
             self.flags = flags
             mem.put(TAIL, self.tail | flags)

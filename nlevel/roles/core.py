@@ -74,7 +74,7 @@ class StationCore:
                              max(0.01, 4 * config.server_period), ids_per_proc=total / max(1, hierarchy.size))
         self.epoch = 0
         self.plans: list[Plan] = [hierarchy.plan]
-        self.draining: dict[int, set[int]] = {}  # epoch -> old children not yet acknowledged
+        self.unacked: dict[int, set[int]] = {}  # epoch -> old children not yet acknowledged
         self.future: list[tuple[int, Message]] = []  # messages from a newer epoch than ours
         self.served_before = 0  # ranges taken under earlier servers of this rank
         self.final_asked = False  # the master asked for the final checkpoint (the job is done)
@@ -118,8 +118,8 @@ class StationCore:
         self.hand_sent: Ranges = ()  # the master: its own loop's holding as last copied
         # Ids at or above this mark were never handed out: the master keeps it ahead of what it
         # publishes and copies it to the deputy, which as the next master hands them out at once.
-        self.reserve = 0  # the master: its mark, copied to the deputy with every Mirror
-        self.mirror_fresh = -1  # the deputy: the master's mark (-1: not known)
+        self.mark = 0  # the master: its mark, copied to the deputy with every Mirror
+        self.mirror_mark = -1  # the deputy: the master's mark (-1: not known)
         self.free = RangeSet()  # a new master: the ids above its predecessor's mark, queued on its next tick
         self.mirrored_failures = 0
         self.mirror_to: int | None = None
@@ -201,12 +201,12 @@ class StationCore:
     @property
     def serves_remote(self) -> bool:
         """Whether other ranks take ids from this one, or old children must still be heard."""
-        return bool(self.info.children) or bool(self.draining)
+        return bool(self.info.children) or bool(self.unacked)
 
     @property
     def done_serving(self) -> bool:
         """Whether the server side owes nobody anything more."""
-        if self.draining:
+        if self.unacked:
             return False
         d = self.server
         if d is None:

@@ -10,7 +10,7 @@ and fail when one dies during them):
   merged with its children's. A rank whose parent changed (a death) sends it again to the
   new parent; a later Ending from the same rank replaces the earlier.
 * A leaf sends its Ending *early*, while the last tasks still run elsewhere, once its
-  parent's board said everything is out (``"drained"``: the master's, or a region's whose
+  parent's board said everything is out (``"all-out"``: the master's, or a region's whose
   own parent said so) and it holds and owes nothing: so the end does not wait for every
   leaf to learn of FINAL and answer. Without fault tolerance it rides on the leaf's last
   report (:attr:`~nlevel.roles.messages.Report.ending`): one message, not two. A parent drops a
@@ -145,12 +145,12 @@ class Closing(StationCore):
         return [Send(parent, Ending(rows, stats))]
 
     def _early_ending(self) -> list[Effect]:
-        """A leaf idle on a drained board, holding and owing nothing: its Ending now (see the module docstring)."""
+        """A leaf idle on a board whose ids are all out, holding and owing nothing: its Ending now (see the module docstring)."""
         w = self.worker
         parent = self.info.parent
-        if (w is None or not w.drained or w.state is not State.WAIT or self.server is not None or parent is None
+        if (w is None or not w.all_out or w.state is not State.WAIT or self.server is not None or parent is None
                 or w.parent != parent or w.hand is not None or w.queue or w.done or w.failed or w.tasks
-                or w.results or self.abandoned or self.draining or self.drain_requested or self.loading):
+                or w.results or self.abandoned or self.unacked or self.drain_requested or self.loading):
             return []
         return self._send_ending(parent, [])
 

@@ -73,10 +73,10 @@ class Failures(StationCore):
                 again.add_ranges(sent.ranges())
                 again_results += self.sent_results.pop(x, [])
         wall = self.wall()
-        for epoch in list(self.draining):  # the dead never acknowledge a regroup
-            self.draining[epoch] -= new
-            if not self.draining[epoch]:
-                del self.draining[epoch]
+        for epoch in list(self.unacked):  # the dead never acknowledge a regroup
+            self.unacked[epoch] -= new
+            if not self.unacked[epoch]:
+                del self.unacked[epoch]
         d = self.server
         ask: set[int] = set()
         if d is not None:
@@ -235,8 +235,8 @@ class Failures(StationCore):
             self.mirror_deaths.raise_to(Tally(msg.deaths))
         if msg.hand is not None:
             self.mirror_hand = msg.hand
-        if msg.fresh >= 0:
-            self.mirror_fresh = msg.fresh if msg.full else max(msg.fresh, self.mirror_fresh)
+        if msg.mark >= 0:
+            self.mirror_mark = msg.mark if msg.full else max(msg.mark, self.mirror_mark)
         self.mirror_failures.extend(msg.failures)
         self.master_heard = self.clock()
         return []
@@ -276,8 +276,8 @@ class Failures(StationCore):
         # Ids at or above the master's mark were never handed out: nobody can hold them, and
         # the new master hands them out on its next tick (Station.tick) while the survivors say
         # what they hold of the rest. Without the deputy's copy, nothing is known to be free.
-        self.reserve = self.mirror_fresh if self.mirror is not None and self.mirror_fresh >= 0 else self.total
-        self.free = RangeSet(ledger.to_hand_out().within(self.reserve, self.total))
+        self.mark = self.mirror_mark if self.mirror is not None and self.mirror_mark >= 0 else self.total
+        self.free = RangeSet(ledger.to_hand_out().within(self.mark, self.total))
         self.mirror = None
         self.failures = self.mirror_failures + self.failures  # recoveries the dead master had recorded
         record = replace(_record(old.master, old, len(ledger.remaining()), how, self.rank, wall), ledger_from=source,
@@ -329,7 +329,7 @@ class Failures(StationCore):
                        c.task_retries if c.on_task_error == "retry" else 0, self.ft, self.epoch)
             d.queue = RangeSet()  # nothing below the mark is handed out before the reconciliation says what is free
             self._absorb(old_d, d)
-            d.high = self.reserve  # (the ids above it, self.free, go out on the next tick: see Station.tick)
+            d.published_top = self.mark  # (the ids above it, self.free, go out on the next tick: see Station.tick)
             d.count_timeouts(self.ledger.timeouts)
             d.deaths.raise_to(self.mirror_deaths)  # (counted by the master that died)
         elif info.role is Role.REGION and old_d is None:
@@ -512,7 +512,7 @@ class Failures(StationCore):
         self._move_mark(d)
         return [Send(dep, Mirror(led.committed.ranges(), results, led.total, led.width, True, tuple(self.failures),
                                  tuple(led.failed.values()), tuple(led.timeouts.items()), self._deaths(d),
-                                 fresh=self.reserve))]
+                                 mark=self.mark))]
 
     def _move_mark(self, d: Master) -> bool:
         """Keep the mark copied to the deputy ahead of what the master publishes; return whether it moved.
@@ -526,9 +526,9 @@ class Failures(StationCore):
         """
         total = d.ledger.total
         step = max(int(total * RESERVE_SHARE), 2)
-        if self.reserve >= total or d.high + step // 2 <= self.reserve:
+        if self.mark >= total or d.published_top + step // 2 <= self.mark:
             return False
-        self.reserve = min(total, max(self.reserve, d.high + step))
+        self.mark = min(total, max(self.mark, d.published_top + step))
         return True
 
     @staticmethod
@@ -563,7 +563,7 @@ class Failures(StationCore):
             if now - self.mirror_sent < self.config.lease / BEATS:
                 return []
             self.mirror_sent = now  # a heartbeat: the deputy watches for the master's silence
-            return [Send(self.mirror_to, Mirror((), (), d.ledger.total, d.ledger.width, fresh=self.reserve))]
+            return [Send(self.mirror_to, Mirror((), (), d.ledger.total, d.ledger.width, mark=self.mark))]
         if waiting < MIRROR_BATCH and now - self.mirror_sent < MIRROR_AGE and not force and not moved and not marked:
             return []
         self.mirror_sent = now
@@ -571,7 +571,7 @@ class Failures(StationCore):
         self.mirrored_failures = len(self.failures)
         msg = Mirror(d.mirror_done.ranges(), tuple(d.mirror_results), d.ledger.total, d.ledger.width, False, news,
                      tuple(d.mirror_failed), tuple(d.mirror_timeouts.items()), self._deaths(d) if news else (),
-                     hand if moved else None, self.reserve)
+                     hand if moved else None, self.mark)
         self.hand_sent = hand
         d.mirror_done, d.mirror_results, d.mirror_failed, d.mirror_timeouts = RangeSet(), [], [], {}
         return [Send(self.mirror_to, msg)]

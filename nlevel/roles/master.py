@@ -28,7 +28,7 @@ class Master(Server):
         mirror: Keep a copy of each commit for the deputy.
     """
 
-    drains = True
+    ends_job = True
 
     def __init__(self, hierarchy: Hierarchy, rank: int, weights: dict[int, int], clock: Callable[[], float],
                  boards: Boards, sizing: Sizing, ledger: Ledger, retries: int = 0, mirror: bool = False,

@@ -205,7 +205,7 @@ class Mirror:
     timeouts: tuple[tuple[int, int], ...] = ()  # (id, times it ran past --task-timeout), newly counted
     deaths: tuple[Ranges, ...] = ()  # ids held by more than k processes that died, for each k: quarantine outlives the master
     hand: Ranges | None = None  # what the master's own loop holds now (None: unchanged since the last copy)
-    fresh: int = -1  # no id at or above this was handed out yet (-1: not known): a successor hands them out at once
+    mark: int = -1  # no id at or above this was handed out yet (-1: not known): a successor hands them out at once
 
 
 @dataclass(frozen=True, slots=True)

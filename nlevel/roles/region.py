@@ -48,7 +48,7 @@ class Region(Server):
         self.up_busy_sq = 0.0
         self.oldest_up = math.inf
         self.parent_final = False
-        self.parent_drained = False  # the parent's board said everything above is out ("drained")
+        self.parent_all_out = False  # the parent's board said everything above is out ("all-out")
         self.gone = False  # every child left early: the stock went back to the parent
         self.requests = RequestTimes()  # this region-master's own claims upward
         self.refill_s = 0.0  # how long its refills take, lately (a moving mean): the stock covers it
@@ -162,7 +162,7 @@ class Region(Server):
         """
         if self.alone():
             return self.target()
-        if self.drains:
+        if self.ends_job:
             return None  # (the end of the job: the boards' rebalancing does the rest)
         stock, live = self.stock(), self.live_ranks()
         if stock <= 8 * live:
@@ -209,17 +209,17 @@ class Region(Server):
             if claim.status == "ids":
                 self.queue.add(claim.start, claim.stop)
                 self.requests.add_parts(now - self._asked_at, self.clock() - t0)
-                if not self.parent_drained:  # (at the end, the waits are for ids nobody has)
+                if not self.parent_all_out:  # (at the end, the waits are for ids nobody has)
                     self.refill_s += 0.2 * (now - self._asked_at - self.refill_s)
                 self._asked_at = None
                 self.shed(now)  # (its parent sized the block for the region it was)
             elif claim.status == "final":
                 self.parent_final = True
-                self.drains = True
+                self.ends_job = True
                 return
-            elif claim.status in ("drained", "wait"):
-                self.parent_drained = claim.status == "drained"
-                self.drains = self.parent_drained or self.gone
+            elif claim.status in ("all-out", "wait"):
+                self.parent_all_out = claim.status == "all-out"
+                self.ends_job = self.parent_all_out or self.gone
                 return
             elif claim.status != "lost":
                 return  # stale or closed: messages will say
@@ -228,8 +228,8 @@ class Region(Server):
         """The ids guided self-scheduling divides: while the parent still has ids, the job's pool is
         upstream and a region's own small stock must not cut its ranges (it did: a region of 32
         ranks holding 20 ids handed its sub-regions one id per block, and every one of their
-        ranks waited for refills); once the parent is drained, its own stock."""
-        if self.drains:
+        ranks waited for refills); once the parent's ids are all out, its own stock."""
+        if self.ends_job:
             return max(1, super().gss_pool())
         return 1 << 40
 

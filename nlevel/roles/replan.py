@@ -10,7 +10,7 @@ closes its boards (taking back what was published), hands its region's stock and
 completions straight to the master, builds its roles for the new hierarchy, and tells its
 old parent (:class:`~nlevel.roles.messages.Ack`) that nothing more will come under the old
 plan. Reports that still arrive under an older epoch go to the master as orphans. A rank
-keeps listening (``draining``) until every old child has acknowledged.
+keeps listening (``unacked``) until every old child has acknowledged.
 
 Ranks an operator drained stay out of every later plan: the Regroup names them (``out``),
 and every rank lays the new plan out without them (no block to lead, nothing to compute,
@@ -47,7 +47,7 @@ class Replanning(Failures):
         carried = old.carried.copy()
         for child in old.children.values():
             carried.add_ranges(child.held.ranges())
-        self.draining[self.epoch - 1] = {r for r in old.children if r != self.rank}
+        self.unacked[self.epoch - 1] = {r for r in old.children if r != self.rank}
         queue, aside, stopped = old.queue, old.aside, old.stopped
         self.retire_server()
         self.plans.append(plan)
@@ -55,11 +55,11 @@ class Replanning(Failures):
         self.lay_out(build(self.size, plan, self.failed, out, self.hierarchy.node_sizes))
         new = self.server
         assert isinstance(new, Master)
-        new.queue, new.aside, new.stopped, new.high = queue, aside, stopped, old.high
+        new.queue, new.aside, new.stopped, new.published_top = queue, aside, stopped, old.published_top
         new.carried = carried
         new.task_mean, new.task_max, new.deaths, new.timeouts = old.task_mean, old.task_max, old.deaths, old.timeouts
-        if not self.draining[self.epoch - 1]:
-            del self.draining[self.epoch - 1]
+        if not self.unacked[self.epoch - 1]:
+            del self.unacked[self.epoch - 1]
         regroup = Regroup(self.epoch, plan, tuple(sorted(out)))
         return [Send(r, regroup) for r in range(self.size) if r != self.rank and r not in self.failed]
 
@@ -82,7 +82,7 @@ class Replanning(Failures):
                                                 task_max=d.task_max)))
             waiting = {r for r, c in d.children.items() if r != self.rank and not (c.left and not c.held)}
             if waiting:
-                self.draining[self.epoch] = waiting
+                self.unacked[self.epoch] = waiting
             self.retire_server()
         w = self.worker
         if w is not None and (w.done or w.failed):
@@ -107,11 +107,11 @@ class Replanning(Failures):
         if msg.epoch > self.epoch:
             self.future.append((src, msg))  # a child switched before we did: count it after we switch
             return []
-        waiting = self.draining.get(msg.epoch - 1)
+        waiting = self.unacked.get(msg.epoch - 1)
         if waiting is not None:
             waiting.discard(src)
             if not waiting:
-                del self.draining[msg.epoch - 1]
+                del self.unacked[msg.epoch - 1]
         return []
 
     def held_below(self) -> RangeSet:

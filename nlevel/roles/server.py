@@ -88,9 +88,9 @@ class Server:
         epoch: The plan epoch the boards serve.
     """
 
-    #: Whether an empty queue means the whole job's ids are out (DRAINED on the boards): the
+    #: Whether an empty queue means the whole job's ids are out (ALL_OUT on the boards): the
     #: master's always; a region's once its parent's board said so (see :class:`Region`).
-    drains = False
+    ends_job = False
 
     def __init__(self, hierarchy: Hierarchy, rank: int, weights: dict[int, int], clock: Callable[[], float],
                  boards: Boards, sizing: Sizing, epoch: int = 0) -> None:
@@ -101,7 +101,7 @@ class Server:
         self.sizing = sizing
         self.epoch = epoch
         self.queue = RangeSet()
-        self.high = 0  # every id published here is below this (the queue hands out its smallest ids)
+        self.published_top = 0  # every id published here is below this (the queue hands out its smallest ids)
         self.children: dict[int, Child] = {}
         self.total_weight = 0
         self.held_total = 0
@@ -394,15 +394,15 @@ class Server:
         """
         self._rebalance(now)
         queue = self.queue
-        if self.drains:
+        if self.ends_job:
             for kind, o in self.owners.items():
                 if not o.ended:
-                    o.set_drained(self.mine(kind), not queue)
+                    o.set_all_out(self.mine(kind), not queue)
         if not queue:
             return
         available = self.gss_pool()
         owners = self.owners
-        ending = self.drains and available <= 2 * self.total_weight
+        ending = self.ends_job and available <= 2 * self.total_weight
         for kind in (LEAF, UPPER):
             owner = owners.get(kind)
             if owner is None or owner.ended or not queue:
@@ -444,8 +444,8 @@ class Server:
             if ranges and kind == LEAF and self.suspects:
                 ranges = self._isolate(ranges, want)
             if ranges:
-                if ranges[-1][1] > self.high:
-                    self.high = ranges[-1][1]
+                if ranges[-1][1] > self.published_top:
+                    self.published_top = ranges[-1][1]
                 owner.publish(self.mine(kind), list(ranges))
 
     def count_timeouts(self, timeouts: dict[int, int]) -> None:
@@ -470,7 +470,7 @@ class Server:
         if not owners:
             return
         live = {k: self.live[k] > 0 for k in owners}
-        starving = self.drains and not self.queue and any(o.waiting for k, o in owners.items() if live[k])
+        starving = self.ends_job and not self.queue and any(o.waiting for k, o in owners.items() if live[k])
         for kind, owner in owners.items():
             if owner.ended or not owner.unclaimed_slots:
                 continue

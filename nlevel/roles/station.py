@@ -278,7 +278,7 @@ class Station(Replanning, Closing, Watching):
         if own and self.ft and self.hand is not None:
             outs += self.mirror_out()  # the deputy learns what the master runs (its death counts toward quarantine)
         outs += self.worker_report()
-        if w.drained and self.hand is None:
+        if w.all_out and self.hand is None:
             outs += self._early_ending()  # (right behind its last report: the end need not wait for its next look)
             outs = _ride(outs, self.ft)
         return outs
@@ -345,7 +345,7 @@ class Station(Replanning, Closing, Watching):
             else:
                 outs.append(Send(r, Drain()))
         outs.append(Answer(request.token, {"result": {"ranks": chosen}}))
-        outs.append(Log(f"draining ranks {chosen} (operator request)"))
+        outs.append(Log(f"unacked ranks {chosen} (operator request)"))
         return outs
 
     def _drain_choice(self, request: DrainRequest) -> list[int]:
@@ -383,7 +383,7 @@ class Station(Replanning, Closing, Watching):
                                  f"(at least one stays)")
             chosen = sorted(slaves[-count:])
         if not set(computing) - set(chosen):
-            raise ValueError(f"draining {chosen} would leave no rank running tasks")
+            raise ValueError(f"unacked {chosen} would leave no rank running tasks")
         return chosen
 
     @property

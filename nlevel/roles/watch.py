@@ -29,7 +29,6 @@ from task times, so a task of any length never makes its process look hung:
 from __future__ import annotations
 
 from ..model.hierarchy import Hierarchy, Role
-from ..ranges import RangeSet
 from .core import StationCore
 from .events import Abandon, Effect, Kill, Send, Watch
 from .master import Master

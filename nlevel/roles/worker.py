@@ -78,7 +78,7 @@ class Worker:
         self.busy_sq = 0.0
         self.claims: RequestTimes | None = RequestTimes()  # (None: not measured, e.g. in the simulator)
         self.wait_started: float | None = None  # since when the user's loop has been waiting for ids
-        self.drained = False  # the parent's board said everything is out (its last claim: "drained")
+        self.all_out = False  # the parent's board said everything is out (its last claim: "all-out")
         self.reports = 0  # reports sent up so far
 
     # -- the user's loop ------------------------------------------------------------------
@@ -159,9 +159,9 @@ class Worker:
         elif status == "final":
             self.state = State.END
             self.wait_started = None
-        elif status != "lost":  # "wait", "drained", "closed", "stale": try again after the next look at messages
+        elif status != "lost":  # "wait", "all-out", "closed", "stale": try again after the next look at messages
             self.state = State.WAIT
-        self.drained = status == "drained"
+        self.all_out = status == "all-out"
         return claim
 
     def leave(self, unstarted: Ranges, now: float) -> Report:
@@ -215,7 +215,7 @@ class Worker:
         """Claim from ``parent``'s board in ``epoch`` from now on (a plan change, or the old parent died)."""
         c = self.claimer
         if parent != self.parent or c.slots != slots or c.epoch != epoch:
-            self.drained = False
+            self.all_out = False
             self.parent = parent
             self.claimer = Claimer(self.rank, slots, epoch)  # (a ticket on the old board is given up)
         if self.state is State.WAIT:

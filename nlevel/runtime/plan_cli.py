@@ -20,14 +20,16 @@ import math
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from ..config import Config
 from ..errors import NlevelError
 from ..model.calibration import default_path, load_calibration
-from ..model.cost import Costs, Workload
+from ..model.cost import Workload
 from ..model.planner import Decision, choose_plan
 from ..model.profiles import get_profile, profile_names
+from ..roles.autoplan import costs_of
 
 __all__ = ["main", "parse_task_time"]
 
@@ -155,9 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            + ("given" if given[k] else f"network {args.network}" if net.get(k)
                               else "calibration" if measured.get(k) else "default") + ")"
                            for k, v in values.items())
-        costs = Costs(values["service_time"], values["msg_time"], values["atomic_time"], values["atomic_service"],
-                      base.report_age, base.batch_age, base.batch, base.chunk_target, base.max_chunk,
-                      headroom=base.headroom)
+        costs = costs_of(replace(base, service_time=values["service_time"], msg_time=values["msg_time"],
+                                 atomic_time=values["atomic_time"], atomic_service=values["atomic_service"]))
         lo, hi = args.task_time
         work = Workload.uniform(args.procs, lo, hi, args.procs * args.tasks_per_proc)
         d = choose_plan(work, costs, args.threshold)

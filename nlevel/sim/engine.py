@@ -44,7 +44,7 @@ from .faults import _DRAIN, _KILL, as_dict, check_faults, fault_handler
 from .heap import Event, pop, push
 from .waiters import Waiters
 
-__all__ = ["Costs", "SimBoards", "EngineResult", "Engine", "SimStalled"]
+__all__ = ["SimCosts", "SimBoards", "EngineResult", "Engine", "SimStalled"]
 
 _ENTRY: Final = 0
 _ARRIVE: Final = 1
@@ -53,8 +53,8 @@ _TICK: Final = 3
 
 
 @dataclass(frozen=True)
-class Costs:
-    """The timing model's inputs (seconds).
+class SimCosts:
+    """The simulator's timing model's inputs (seconds; built with keywords, see tests/unit/test_architecture.py).
 
     Attributes:
         msg_time: One message, one way.
@@ -223,7 +223,7 @@ class _Agenda:
     for: the engine's most frequent steps, as methods (compiled, a method is called directly, a
     closure through Python's calling convention)."""
 
-    def __init__(self, n: int, costs: Costs, stations: list[Station], outbox: list[tuple[int, Message]]) -> None:
+    def __init__(self, n: int, costs: SimCosts, stations: list[Station], outbox: list[tuple[int, Message]]) -> None:
         self.heap: list[Event] = []
         self.seq = 0
         self.c = costs
@@ -258,7 +258,7 @@ class _Agenda:
         stations, busy_until = self.stations, self.busy_until
         arrive = t + c.msg_time
         for dest, msg in self.outbox:
-            if stations[dest].server is not None or stations[dest].draining:
+            if stations[dest].server is not None or stations[dest].unacked:
                 start = busy_until[dest] if busy_until[dest] > arrive else arrive
                 end = start + c.service_time
                 busy_until[dest] = end
@@ -378,7 +378,7 @@ class Engine:
         ValueError: kills without fault tolerance, or a rank or count out of range.
     """
 
-    def __init__(self, hierarchy: Hierarchy, config: Config, durations: Sequence[float], costs: Costs,
+    def __init__(self, hierarchy: Hierarchy, config: Config, durations: Sequence[float], costs: SimCosts,
                  slots: tuple[int, int] | None = None, kills: Sequence[tuple[float, int]] = (),
                  drains: Sequence[tuple[float, int]] = (), notice: float = 0.05) -> None:
         self.hierarchy = hierarchy

@@ -63,7 +63,7 @@ from ..errors import ConfigError
 from ..model.hierarchy import build
 from ..model.plan import SERVE_ONLY_CHOICES, Plan, default_regions
 from .build import compiled
-from .engine import Costs, Engine, EngineResult
+from .engine import SimCosts, Engine, EngineResult
 
 __all__ = [
     "VICTIMS",
@@ -450,7 +450,8 @@ def simulate(
                               serve_only=plan.serve_only)
         first = plan
     hierarchy = build(procs, first)
-    costs = Costs(msg_time, service_time, atomic_time, atomic_service)
+    costs = SimCosts(msg_time=msg_time, service_time=service_time, atomic_time=atomic_time,
+                     atomic_service=atomic_service)
     victims = [(float(t), victim_rank(hierarchy, who)) for t, who in kills]
 
     def make() -> Engine:

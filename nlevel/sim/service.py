@@ -17,7 +17,7 @@ from ..model.hierarchy import build
 from ..model.plan import Plan
 from ..roles.events import Event, Received
 from ..roles.messages import Report
-from .engine import Costs, Engine
+from .engine import SimCosts, Engine
 
 __all__ = ["handling_time", "main"]
 
@@ -29,7 +29,7 @@ def handling_time(reports: int = 2000, size: int = 64) -> float:
     plan = Plan(chunk=1)
     config = Config(levels=2, chunk=1, lease=1e9, report_age=1e-4)  # (one report per task)
     durations = [1e-3] * (reports + size)
-    engine = Engine(build(size, plan), config, durations, Costs(msg_time=1e-6, service_time=1e-6))
+    engine = Engine(build(size, plan), config, durations, SimCosts(msg_time=1e-6, service_time=1e-6))
     loop = engine.loops[0]
     inner = loop.handle
     times: list[float] = []

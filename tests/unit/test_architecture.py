@@ -386,3 +386,21 @@ def test_a_driver_calling_a_station_method_is_found(tmp_path):
                                              "    st.planner.tick(1)\n"})
     assert station_calls(pkg) == ["nlevel/runtime/farm.py:4: st.release()", "nlevel/runtime/farm.py:5: self.station.serve()",
                                   "nlevel/runtime/farm.py:7: st.planner.tick()"]
+
+
+def positional_costs(roots: list[Path]) -> list[str]:
+    """Constructions of ``Costs`` or ``SimCosts`` with positional arguments (both hold several
+    seconds in a row: an order mistaken is a plan computed from the wrong costs)."""
+    out = []
+    for root in roots:
+        for p in sorted(root.rglob("*.py")):
+            for n in ast.walk(ast.parse(p.read_text())):
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("Costs", "SimCosts") \
+                        and n.args:
+                    out.append(f"{p.relative_to(root.parent)}:{n.lineno}")
+    return out
+
+
+def test_costs_are_built_with_their_names():
+    root = Path(ROOT)
+    assert positional_costs([root / "nlevel", root / "tests", root / "bench"]) == []

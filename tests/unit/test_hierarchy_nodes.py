@@ -73,6 +73,6 @@ def test_the_planner_keeps_regions_of_whole_nodes():
     from nlevel.model.cost import Costs, Workload
     from nlevel.model.planner import candidates, choose_plan, first_plan
 
-    assert all(not p.regions or p.regions[0] <= 4 for p in candidates(4096, 0.003, Costs(3e-5, 5e-6), nodes=4))
-    assert choose_plan(Workload(4096, 0.003, nodes=4), Costs(3e-5, 5e-6)).plan.regions[:1] in ((), (2,), (3,), (4,))
-    assert first_plan(20000, Costs(3e-5, 5e-6), nodes=3).regions[0] == 3
+    assert all(not p.regions or p.regions[0] <= 4 for p in candidates(4096, 0.003, Costs(service_time=3e-5, msg_time=5e-6), nodes=4))
+    assert choose_plan(Workload(4096, 0.003, nodes=4), Costs(service_time=3e-5, msg_time=5e-6)).plan.regions[:1] in ((), (2,), (3,), (4,))
+    assert first_plan(20000, Costs(service_time=3e-5, msg_time=5e-6), nodes=3).regions[0] == 3

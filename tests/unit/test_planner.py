@@ -32,7 +32,7 @@ def test_rho_above_one_always_adds_a_level(p, t, rho, m):
     # every other rank reports each task (chunk 1; tasks longer than the report age, so one
     # report each), (p - 1) / t per second, each costing s.
     s = rho * t / (p - 1)
-    costs = Costs(s, m)
+    costs = Costs(service_time=s, msg_time=m)
     classic = predict(Plan(chunk=1), work(p, t), costs)
     assert not classic.feasible and classic.levels[0].rho_cpu >= 1.0
     d = choose_plan(work(p, t), costs)
@@ -46,7 +46,7 @@ def test_rho_above_one_always_adds_a_level(p, t, rho, m):
 @settings(max_examples=60, deadline=None)
 def test_chosen_plan_meets_c_whenever_a_brute_force_plan_does(p, t, s, m, c):
     # Brute force every 2-4 level plan with automatic chunks, every region count.
-    costs, w = Costs(s, m), work(p, t)
+    costs, w = Costs(service_time=s, msg_time=m), work(p, t)
     options = [Plan()]
     options += [Plan(3, (r,)) for r in range(2, p // 2 + 1)]
     options += [Plan(4, (a, b)) for a in range(2, p // 4 + 1) for b in range(2, p // (2 * a) + 1)]
@@ -61,8 +61,8 @@ def test_chosen_plan_meets_c_whenever_a_brute_force_plan_does(p, t, s, m, c):
 @given(st.integers(2, 50_000), task, service, msg)
 @settings(max_examples=60, deadline=None)
 def test_prediction_is_sane(p, t, s, m):
-    for plan in list(candidates(p, t, Costs(s, m)))[:40]:
-        pr = predict(plan, work(p, t), Costs(s, m))
+    for plan in list(candidates(p, t, Costs(service_time=s, msg_time=m)))[:40]:
+        pr = predict(plan, work(p, t), Costs(service_time=s, msg_time=m))
         assert 0.0 <= pr.overhead <= 1.0 or math.isinf(pr.makespan)
         assert pr.makespan >= 100 * t * (1 - 1e-9)  # never less than the work per rank
         assert pr.binding
@@ -78,7 +78,7 @@ def test_tail_idle_grows_with_spread_and_ranks():
 def test_paper_shape_with_the_paper_machines_service_time():
     # 32,768 processes, 2-5 s tasks: a master that handles ~4,000 messages/s cannot keep up
     # with ~9,600 reports/s, so classic with one id per claim is not feasible; the model adds a level.
-    costs = Costs(2.5e-4, 2e-5)
+    costs = Costs(service_time=2.5e-4, msg_time=2e-5)
     w = Workload.uniform(32768, 2.0, 5.0, 100 * 32768)
     classic = predict(Plan(chunk=1), w, costs)
     assert not classic.feasible
@@ -88,7 +88,7 @@ def test_paper_shape_with_the_paper_machines_service_time():
 
 
 def test_first_plan_classic_small_tree_large():
-    costs = Costs(3e-5, 2e-6)
+    costs = Costs(service_time=3e-5, msg_time=2e-6)
     assert first_plan(CLASSIC_UP_TO, costs).levels == 2
     big = first_plan(32768, costs)
     assert big.levels >= 3 and "32768 processes" in big.reason
@@ -108,14 +108,14 @@ def test_bad_workload(kwargs, match):
 
 def test_bad_costs_and_threshold():
     with pytest.raises(ConfigError, match="service_time must be > 0 s, got 0"):
-        Costs(0, 1e-5)
+        Costs(service_time=0, msg_time=1e-5)
     with pytest.raises(ConfigError, match="msg_time must be a number of seconds >= 0, got -1"):
-        Costs(1e-5, -1)
+        Costs(service_time=1e-5, msg_time=-1)
     with pytest.raises(ConfigError, match="headroom must be in"):
-        Costs(1e-5, 1e-5, headroom=1.5)
+        Costs(service_time=1e-5, msg_time=1e-5, headroom=1.5)
     for c in (0.0, 1.0):
         with pytest.raises(ConfigError, match=r"threshold must be in \(0, 1\)"):
-            choose_plan(work(8, 1.0), Costs(1e-5, 1e-5), threshold=c)
+            choose_plan(work(8, 1.0), Costs(service_time=1e-5, msg_time=1e-5), threshold=c)
 
 
 def plan_cli(*args):

@@ -87,7 +87,7 @@ def test_a_region_divides_its_own_stock_only_once_its_parent_is_drained():
     r = _region(16, boards, clock)
     r.queue.add(0, 20)
     assert r.gss_pool() > 10**9  # the job's pool is upstream: 20 ids here must not cut ranges to 1
-    r.parent_drained = r.drains = True
+    r.parent_all_out = r.ends_job = True
     assert r.gss_pool() == 20
 
 
@@ -129,7 +129,7 @@ def test_a_region_moves_its_leaf_stock_upstairs_only_once_nothing_more_comes_fro
     # Its parent still has ids: the refill serves the sub-region, the leaf board stays as it is
     # (taken back and published again on every look, it left holes its own ranks claimed through).
     assert leaf.on_board == held and not r.queue
-    r.parent_drained = r.drains = True
+    r.parent_all_out = r.ends_job = True
     r.publish(clock())
     assert r.owners[UPPER].on_board > 0  # the end: stock goes where claimers wait
 
@@ -207,7 +207,7 @@ def test_a_region_whose_ranks_were_drained_sends_what_they_cannot_use_up():
     r.shed(clock())
     assert RangeSet(r.flush().returned).overlap(200_000, 200_040) == 39 and 200_030 in r.queue
     r.queue.add(300_000, 300_040)
-    r.parent_drained = r.drains = True
+    r.parent_all_out = r.ends_job = True
     r.shed(clock())
     assert not r.up_returned and 300_039 in r.queue  # the end of the job: the boards' rebalancing does it
 

@@ -12,7 +12,7 @@ from nlevel.model.calibration import Calibration, save_calibration
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
 from nlevel.sim import default_times, main, make_durations, parse_plan, parse_task_time, simulate
-from nlevel.sim.engine import Costs, Engine
+from nlevel.sim.engine import SimCosts, Engine
 
 MS = 1e-3
 
@@ -46,7 +46,7 @@ CASES = [
 def test_every_task_committed_exactly_once(procs, plan):
     total = 20 * procs + 7
     config = Config(levels=plan.levels, regions=plan.regions, chunk=plan.chunk, serve_only=plan.serve_only, lease=1e9)
-    engine = Engine(build(procs, plan), config, durations(total), Costs(2.5e-4, 3e-5))
+    engine = Engine(build(procs, plan), config, durations(total), SimCosts(msg_time=2.5e-4, service_time=3e-5))
     result = engine.run()
     ledger = result.ledger
     assert ledger.complete() and ledger.recomputed == 0

@@ -11,7 +11,7 @@ from nlevel.errors import ConfigError
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
 from nlevel.sim import main, make_durations, simulate
-from nlevel.sim.engine import Costs, Engine
+from nlevel.sim.engine import SimCosts, Engine
 from nlevel.sim.model import victim_rank
 
 MS = 1e-3
@@ -28,7 +28,7 @@ def run(n, plan, kills=(), drains=(), tasks_per=20, ft=True, seed=1):
     d = make_durations(n * tasks_per, task_time=(2 * MS, 5 * MS), seed=seed)
     cfg = Config(levels=plan.levels, regions=plan.regions, chunk=plan.chunk, fault_tolerance="on" if ft else "off",
                  lease=1e9)
-    return Engine(build(n, plan), cfg, d, Costs(5e-5, 5e-4), kills=kills, drains=drains).run(), len(d)
+    return Engine(build(n, plan), cfg, d, SimCosts(msg_time=5e-5, service_time=5e-4), kills=kills, drains=drains).run(), len(d)
 
 
 def exactly_once(result, total):
@@ -69,8 +69,8 @@ def test_a_new_master_hands_out_fresh_ids_while_the_survivors_say_what_they_hold
     n, plan = 64, Plan(3, (4,), chunk=1)
     d = make_durations(n * 20, task_time=(1.0, 3.0), seed=1)
     cfg = Config(levels=3, regions=(4,), chunk=1, fault_tolerance="on", lease=1e9)
-    base = Engine(build(n, plan), cfg, d, Costs(5e-5, 5e-4)).run()
-    r = Engine(build(n, plan), cfg, d, Costs(5e-5, 5e-4), kills=[(10.0, 0)]).run()
+    base = Engine(build(n, plan), cfg, d, SimCosts(msg_time=5e-5, service_time=5e-4)).run()
+    r = Engine(build(n, plan), cfg, d, SimCosts(msg_time=5e-5, service_time=5e-4), kills=[(10.0, 0)]).run()
     exactly_once(r, len(d))
     (record,) = [f for f in r.failures if f["rank"] == 0]
     assert record["recovery_ms"] > 1000  # (the reconciliation waits for a task to end) ...
@@ -88,10 +88,10 @@ def test_a_recovery_that_waited_for_a_second_death_counts_from_it():
     plan, n = Plan(3, (4,), chunk=1), 16
     d = make_durations(n * 20, task_time=(1.0, 3.0), seed=1)
     cfg = Config(levels=3, regions=(4,), chunk=1, fault_tolerance="on", lease=1e9)
-    alone = Engine(build(n, plan), cfg, d, Costs(5e-5, 5e-4), kills=[(5.0, 12)]).run()
+    alone = Engine(build(n, plan), cfg, d, SimCosts(msg_time=5e-5, service_time=5e-4), kills=[(5.0, 12)]).run()
     [first] = alone.failures
     assert first["waited_ms"] is None and first["recovery_ms"] > 300  # (slaves answer between tasks of 1-3 s)
-    r = Engine(build(n, plan), cfg, d, Costs(5e-5, 5e-4), kills=[(5.0, 12), (5.3, 13)]).run()
+    r = Engine(build(n, plan), cfg, d, SimCosts(msg_time=5e-5, service_time=5e-4), kills=[(5.0, 12), (5.3, 13)]).run()
     exactly_once(r, len(d))
     by_rank = {f["rank"]: f for f in r.failures}
     assert by_rank[12]["waited_ms"] == pytest.approx(300.0) and by_rank[13]["waited_ms"] is None
@@ -136,14 +136,14 @@ def test_no_fault_no_change():
 def test_engine_rejects_bad_faults(kwargs, needle):
     cfg = Config(levels=3, regions=(4,), chunk=1, fault_tolerance="on")
     with pytest.raises(ValueError) as e:
-        Engine(build(16, PLAN), cfg, [1e-3] * 16, Costs(5e-5, 5e-4), **kwargs)
+        Engine(build(16, PLAN), cfg, [1e-3] * 16, SimCosts(msg_time=5e-5, service_time=5e-4), **kwargs)
     assert str(e.value) == needle
 
 
 def test_kills_need_fault_tolerance():
     with pytest.raises(ValueError, match="kills need fault tolerance on"):
         Engine(build(16, PLAN), Config(levels=3, regions=(4,), fault_tolerance="off"), [1e-3] * 16,
-               Costs(5e-5, 5e-4), kills=[(0.0, 3)])
+               SimCosts(msg_time=5e-5, service_time=5e-4), kills=[(0.0, 3)])
     with pytest.raises(ConfigError, match="--kill needs fault tolerance on"):
         simulate(16, PLAN, [1e-3] * 16, 5e-4, 5e-5, kills=[(0.0, 3)], fault_tolerance=False)
 
@@ -232,7 +232,7 @@ def test_a_spread_drain_takes_slaves_from_every_region(capsys):
 
 def test_a_spread_drain_after_another_drain_picks_only_ranks_not_drained_yet():
     # The first drain's ranks may still run their last range when the second comes: a spread drain
-    # that picked one of them was refused whole by the master ("drained already"), draining nothing.
+    # that picked one of them was refused whole by the master ("drained already"), unacked nothing.
     r, total = run(16, PLAN, drains=[(0.02, 6), (0.021, -3)], ft=False)
     exactly_once(r, total)
     ranks = [rank for _, rank in r.drained]
@@ -247,7 +247,7 @@ def test_draining_a_whole_region_of_a_deep_tree_costs_what_it_costs_a_shallow_on
     ends = []
     for plan in (Plan(4, (4, 4)), Plan(3, (4,))):
         cfg = Config(levels=plan.levels, regions=plan.regions, fault_tolerance="off", lease=1e9)
-        r = Engine(build(256, plan), cfg, d, Costs(5e-5, 5e-4), drains=[(30.0, 64)]).run()
+        r = Engine(build(256, plan), cfg, d, SimCosts(msg_time=5e-5, service_time=5e-4), drains=[(30.0, 64)]).run()
         assert r.tasks_run == len(d) and len(r.drained) == 64
         ends.append(r.makespan)
     assert ends[0] < 1.05 * ends[1], ends
