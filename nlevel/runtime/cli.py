@@ -204,9 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             farm.hold_deputy()  # (released once the report file is written, below)
             farm.on_forced_end(tell)
             on_error = farm.config.on_task_error
+            teams = app.takes_comm
             for task_id in farm:
                 try:
-                    result = app.do_job(task_id)
+                    result = app.do_job(task_id, farm.team if teams else None)
                 except Exception as exc:
                     if on_error == "abort":
                         raise

@@ -95,10 +95,18 @@ def station_facts(st: Any, totals: dict[str, Any], left: set[int]) -> dict[str, 
     }
 
 
-def failed_tasks(ledger: Ledger) -> list[dict[str, Any]]:
-    """The ids recorded failed, as the report lists them (and the release tells every rank)."""
-    return [{"id": f.id, "kind": f.kind, "attempts": f.attempts, "rank": f.rank, "host": f.host, "error": f.error,
-             "traceback": f.traceback} for _, f in sorted(ledger.failed.items())]
+def failed_tasks(ledger: Ledger, output: str = "") -> list[dict[str, Any]]:
+    """The ids recorded failed, as the report lists them (and the release tells every rank); with
+    ``output`` (``--task-output``), each one's output files (:func:`nlevel.runtime.output.files_of`)."""
+    out: list[dict[str, Any]] = [
+        {"id": f.id, "kind": f.kind, "attempts": f.attempts, "rank": f.rank, "host": f.host, "error": f.error,
+         "traceback": f.traceback} for _, f in sorted(ledger.failed.items())]
+    if output:
+        from .output import files_of
+
+        for f in out:
+            f["output"] = files_of(output, int(f["id"]))
+    return out
 
 
 def exit_status(*, complete: bool, stopped: bool, left: int, error: bool) -> int:
@@ -125,7 +133,8 @@ def failed_lines(failed: list[dict[str, Any]]) -> str:
     out = []
     for f in failed:
         where = f" on rank {f['rank']}" + (f" ({f['host']})" if f.get("host") else "") if f.get("rank", -1) >= 0 else ""
-        out.append(f"nlevel: task {f['id']} FAILED ({f['kind']}{where}): {f['error']}\n")
+        files = f"; output: {', '.join(f['output'])}" if f.get("output") else ""
+        out.append(f"nlevel: task {f['id']} FAILED ({f['kind']}{where}): {f['error']}{files}\n")
     return "".join(out)
 
 
@@ -175,7 +184,7 @@ def build_report(
         "unexpected_completions": unexpected,
         "complete": ledger.complete(),
         "failures": failures or [],
-        "failed_tasks": failed_tasks(ledger),
+        "failed_tasks": failed_tasks(ledger, config.task_output),
         "tasks": {"run": tasks.n, **tasks.to_dict(1e3)},
         "task_time_sum_s": busy,
         "overhead": (1.0 - busy / (size * wall)) if wall > 0 and size else 0.0,
@@ -278,6 +287,11 @@ def format_summary(report: dict[str, Any]) -> str:
             f"  task time: mean {tasks['mean']:.3f} ms, p50 {tasks['p50']:.3f}, p99 {tasks['p99']:.3f}, "
             f"max {tasks['max']:.3f} ms; overhead {100 * report['overhead']:.1f}% of {report['size']} x wall"
         )
+    teams = report.get("teams")
+    if teams:
+        left = teams.get("left") or []
+        lines.append(f"  teams: {len(teams['teams'])} of {teams['ranks_per_task']} ranks (farm rank i leads team i)"
+                     + (f"; rank(s) {', '.join(map(str, left))} in no team" if left else ""))
     note = oversubscription_note(report.get("placement"))
     if note:
         lines.append(f"  {note}")
@@ -299,7 +313,8 @@ def format_summary(report: dict[str, Any]) -> str:
                      f"python -m nlevel.run ... --retry-failed or Farm(..., retry_failed=True) runs them again):")
         for f in failed[:20]:
             where = f" on rank {f['rank']}" + (f" ({f['host']})" if f.get("host") else "") if f.get("rank", -1) >= 0 else ""
-            lines.append(f"    task {f['id']} {f['kind']}{where} after {f['attempts']} attempt(s): {f['error']}")
+            lines.append(f"    task {f['id']} {f['kind']}{where} after {f['attempts']} attempt(s): {f['error']}"
+                         + (f" (output: {', '.join(f['output'])})" if f.get("output") else ""))
         if len(failed) > 20:
             lines.append(f"    ... and {len(failed) - 20} more (see the report's failed_tasks)")
     if not report["complete"]:
