@@ -38,8 +38,8 @@ def console(fd: int) -> TextIO:
 def check_dir(path: str) -> str:
     """Why ``path`` cannot hold task output ("" when it can): a file, or a place this process cannot write.
 
-    Nothing is left on disk: an existing directory is probed with a temporary file, a missing one
-    by creating it (and its missing parents), both removed at once.
+    Nothing is left on disk: the directory, or for a missing one its nearest existing parent, is
+    probed with a temporary file, removed at once.
     """
     where = os.path.abspath(path)
     if os.path.exists(where) and not os.path.isdir(where):
@@ -52,28 +52,15 @@ def check_dir(path: str) -> str:
         probe = parent
     if not os.path.isdir(probe):
         return f"task_output {path!r}: {probe!r} is not a directory; expected a directory nlevel can create"
-    made: list[str] = []
-    try:
-        if probe != where:
-            missing, d = [], where
-            while d != probe:
-                missing.append(d)
-                d = os.path.dirname(d)
-            for d in reversed(missing):
-                os.mkdir(d)
-                made.append(d)
-        fd, name = tempfile.mkstemp(prefix=".nlevel-probe-", dir=where)
+    try:  # (a file of a unique name where the directory is, or would be made: ranks probing at once never clash)
+        fd, name = tempfile.mkstemp(prefix=".nlevel-probe-", dir=probe)
         os.close(fd)
         os.unlink(name)
     except OSError as exc:
-        what = "is not writable" if probe == where else "cannot be created"
-        return f"task_output {path!r} {what} ({exc.strerror}); expected a directory this process can write"
-    finally:
-        for d in reversed(made):
-            try:
-                os.rmdir(d)
-            except OSError:
-                pass
+        if probe == where:
+            return f"task_output {path!r} is not writable ({exc.strerror}); expected a directory this process can write"
+        return (f"task_output {path!r} cannot be created in {probe!r} ({exc.strerror}); expected a directory "
+                f"this process can write")
     return ""
 
 
