@@ -211,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 except Exception as exc:
                     if on_error == "abort":
                         raise
+                    if farm.config.task_output:
+                        traceback.print_exc()  # (into the task's own .err file: its output says why it failed)
                     farm.fail(_task_error(task_id, rank, exc))  # retried elsewhere, or recorded failed
                     continue
                 if result is not None:
