@@ -255,7 +255,7 @@ class Config:
         "(or the allocation's variable) at the farm's set-up; 0 = leave the devices alone",
         group="tasks", check=_int_at_least(0), unit="GPUs")
     task_output: str = _setting(
-        "", "directory for each task's stdout and stderr (fd 1 and 2): DIR/<id>.out and DIR/<id>.err, "
+        "", "directory for each task's stdout and stderr (fd 1 and 2): DIR/ID.out and DIR/ID.err, "
         "of the task's last attempt; none = the job's own output", group="tasks", check=_text,
         words={"none": ""})
 
