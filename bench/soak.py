@@ -58,6 +58,9 @@ import provenance  # noqa: E402
 APP = "tests.apps.dying_app"
 TARGET_MS = {"slave": 10, "region-master": 50, "master": 100}
 KINDS = ("KILL", "STOP", "SEGV", "exit", "hang")  # the first three from outside, by role
+#: Task lengths: all --sleep-ms; a heavy tail (three tasks of 3-6 s, longer than the trial's 2 s
+#: lease, which must kill nobody); log-normal around --sleep-ms.
+WORKLOADS = ("uniform", "heavy", "mixed")
 QUICK = [  # (size, levels, role, kind, phase): one of each kind of death but exit (flaky under ULFM, issue 14)
     (6, 3, "region-master", "KILL", "middle"),
     (6, 2, "master", "SEGV", "middle"),
@@ -99,7 +102,11 @@ def draw(rng: random.Random, n: int, fixed: tuple[int, int, str, str, str] | Non
         role, count, then = "task", 1, None
         task = {"start": rng.randrange(0, max(1, n // 20)), "middle": rng.randrange(n // 10, n * 8 // 10),
                 "end": rng.randrange(n * 9 // 10, n)}[phase]
+    # (drawn last: the draws above, and so earlier soaks' trials, stay as they were)
+    workload = rng.choice(WORKLOADS) if fixed is None else "uniform"
+    long = {rng.randrange(n): round(rng.uniform(3.0, 6.0), 2) for _ in range(3)} if workload == "heavy" else {}
     return {
+        "workload": workload, "long": long,
         "size": size, "levels": levels, "regions": list(regions), "role": role, "count": count,
         "then_new_leader": then, "kind": kind, "signal": kind if kind in ("KILL", "STOP", "SEGV") else None,
         "phase": phase, "task": task,
@@ -130,6 +137,13 @@ def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dic
         app += ["--die-task", str(t["task"]), "--how", "os_exit" if t["kind"] == "exit" else "forever"]
         if t["kind"] == "hang":
             app += ["--task-timeout", "1"]
+    workload = t.get("workload", "uniform")
+    if workload == "heavy":
+        app += ["--long", ",".join(f"{i}:{s}" for i, s in t["long"].items())]
+        if "--lease" not in app:
+            app += ["--lease", str(args.lease)]  # (the long tasks outlast it: a lease that fires is a healthy kill)
+    elif workload == "mixed":
+        app += ["--mixed"]
     plan = plan_of(t["levels"], t["regions"])
     res = inject.run(t["size"], plan, app, sched,
                      ft=None if args.ft == "none" else args.ft, cwd=d, env=env,
@@ -153,6 +167,13 @@ def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dic
     a["after_end"] = sorted(set(a["unreported"]) & ended & late)
     a["after_end_ms"] = [round((released - k.time) * 1e3, 1) for k in res.kills if k.rank in a["after_end"]]
     a["unreported"] = sorted(set(a["unreported"]) - set(a["after_end"]))
+    # A rank killed by a lease (or as a hung master) that nobody made hang: a healthy process killed.
+    victims = {x.rank for x in res.kills}
+    hung_on_purpose = victims if t["signal"] == "STOP" else set()
+    a["healthy_killed"] = sorted(
+        f["rank"] for f in rep.get("failures") or []
+        if ("lease" in (f.get("how") or "")) and users_rank(rep, f["rank"]) not in hung_on_purpose
+        and t["kind"] != "hang")
     out = {"trial": k, **t, "returncode": res.returncode, "hung": res.hung, "wall_s": res.wall,
            "kill_to_end_s": res.ended_at - res.kills[0].time if res.kills else None,
            "leftover": res.leftover, "kills": [vars(x) for x in res.kills], "audit": a,
@@ -164,6 +185,12 @@ def trial(k: int, t: dict[str, Any], args: argparse.Namespace, base: str) -> dic
     if not args.keep:
         shutil.rmtree(d, ignore_errors=True)
     return out
+
+
+def users_rank(rep: dict[str, Any], rank: int) -> int:
+    """The rank in the user's communicator (the launcher's) of the farm's ``rank``."""
+    users = rep.get("user_ranks") or []
+    return users[rank] if 0 <= rank < len(users) else rank
 
 
 def _ms(x: float | None) -> str:
@@ -209,6 +236,8 @@ def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
         "unreported_kills": sum(len(t["audit"]["unreported"]) for t in landed),
         "kills_after_release": sum(len(t["audit"].get("after_release", [])) for t in landed),
         "kills_after_end": sum(len(t["audit"].get("after_end", [])) for t in landed),
+        "healthy_killed": sum(len(t["audit"].get("healthy_killed", [])) for t in trials),
+        "by_workload": {w: sum(1 for t in trials if t.get("workload", "uniform") == w) for w in WORKLOADS},
         "after_end_max_ms": max((x for t in landed for x in t["audit"].get("after_end_ms", [])), default=None),
     }
     rows: dict[str, dict[str, list[float]]] = {}
@@ -230,12 +259,15 @@ def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
                          # recoveries that first waited for another death to be found (counted from then)
                          "waited": len(r["waited"]), "waited_max": max(r["waited"]) if r["waited"] else None}
     s["per_role"] = per_role
+    deaths = sum(len(r["n"]) for r in rows.values())
     lines = [
-        "| trials | deaths landed | completed | hangs | non-zero exits | ids lost | double commits | re-runs (bound) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| trials | trials with a death (by kind) | deaths | of those, exit 0 | hangs | non-zero exits | ids lost "
+        "| double commits | re-runs (bound) | healthy processes killed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         f"| {s['trials']} | {s['kills_landed']} ({', '.join(f'{k} {v}' for k, v in s['by_kind'].items() if v)}) "
-        f"| {s['completed']} | {s['hangs']} | {s['failed_exit']} {s['failed_exit_codes'] or ''} | {s['lost_ids']} "
-        f"| {s['double_commits']} | {s['re_executed']} ({s['bound'] if s['bound'] is not None else 'n/a'}) |",
+        f"| {deaths} | {s['completed']} | {s['hangs']} | {s['failed_exit']} {s['failed_exit_codes'] or ''} "
+        f"| {s['lost_ids']} | {s['double_commits']} | {s['re_executed']} "
+        f"({s['bound'] if s['bound'] is not None else 'n/a'}) | {s['healthy_killed']} |",
         "",
         "| role / death | deaths | with a report record | detect p50 / p99 (ms) | recovery p50 / p99 (ms) | target p99 "
         "| waited for another death first (n, longest ms) |",

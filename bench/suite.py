@@ -22,6 +22,12 @@ settings, the machine, and whether each run was oversubscribed:
    report, ratio to the plain run, and the checkpoint's bytes per task.
 4. **Memory** of the master and region-masters as total grows to 10^9 ids
    (``bench/memory.py``, no MPI).
+5. **A user's script**, with ``bench/user_script.py``: a fresh ``nlevel-mpiexec -n N python
+   script.py`` per run, timed from its start (after ``from mpi4py import MPI``) through
+   ``import nlevel`` and its first ``get_task_id`` to its last call, beside the same script with
+   ``mpi4py.util.sync.Counter``, alternately, medians of ``--script-repeat`` runs: a 2-task farm
+   and 600 [2, 5] ms tasks at 2 ranks, 1,200 at 4 ranks under ULFM, zero-work tasks (issue 35).
+   Items 1-2 time farms in a process that has run one already; this is what a script pays.
 
 Also kept in the JSON for the notebook: the T_wait-vs-rho sweep (nlevel runs at one id
 per request over a range of task times, with each run's decisions).
@@ -56,6 +62,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
 import memory  # noqa: E402
+import provenance  # noqa: E402
+import user_script  # noqa: E402
 
 # Counts per mode: (full, quick).
 COUNTS: dict[str, tuple[int, int]] = {
@@ -67,6 +75,7 @@ COUNTS: dict[str, tuple[int, int]] = {
     "long_tasks_per_proc": (100, 2),  # [60, 180] ms tasks per process
     "rtt": (20_000, 5_000),  # raw round trips timed
     "memory_steps": (20_000, 3_000),
+    "script_repeat": (7, 2),  # fresh scripts per case and system (item 5)
 }
 FT_VARIANTS = {  # name: (mpiexec options, nlevel.run options)
     "plain": ([], []),
@@ -293,6 +302,8 @@ def rows(data: dict[str, Any]) -> list[list[str]]:
     if rel.get("checkpoint_bytes_per_task_at_1e5"):
         out.append(["3 checkpoint size", "-", "10^5 tasks with one result each",
                     f"{rel['checkpoint_bytes_per_task_at_1e5']:.1f} B/task", "", ""])
+    if data.get("user_script"):
+        out += user_script.rows(data["user_script"])
     for r in data.get("memory", []):
         out.append(["4 memory, peak", "-", f"{r['levels']} levels, total {r['total']:.0e} ids",
                     f"{r['peak_mib']:.2f} MiB; {r['record_ranges']} ranges", "", ""])
@@ -349,6 +360,7 @@ def targets(data: dict[str, Any]) -> list[str]:
             o = short[NLEVEL]["overhead"]
             lines.append(f"N={_n(int(n))}, --with-ft ulfm: [2, 5] ms overhead {100 * o:.2f} % against {100 * limit:.2f} %: "
                          f"{'MET' if o <= limit else 'NOT MET'}")
+    lines += [f"a user's script, {t}" for t in (data.get("user_script") or {}).get("targets", [])]
     return lines
 
 
@@ -377,8 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small counts, one repeat: checks that it all runs (noisy)")
     p.add_argument("--procs", default="2,4,8", help="process counts, comma-separated (default 2,4,8)")
     p.add_argument("--ft-procs", type=int, default=4, help="process count of the reliability runs (default 4)")
-    p.add_argument("--only", default="dispatch,reliability,memory",
-                   help="sections to run, comma-separated from dispatch (items 1-2), reliability, memory")
+    p.add_argument("--only", default="dispatch,reliability,memory,script",
+                   help="sections to run, comma-separated from dispatch (items 1-2), reliability, memory, script")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per MPI launch (default 1800)")
     p.add_argument("--json", default=os.path.join(HERE, "results", "suite.json"), help="where to write the results")
     p.add_argument("--notebook", action="store_true",
@@ -394,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(ROOT) else "python",
                              "bench/suite.py", *(argv if argv is not None else sys.argv[1:])]),
+        "provenance": provenance.record(argv=[os.path.abspath(__file__), *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),
         "settings": {
             "quick": args.quick, "procs": procs, "ft_procs": args.ft_procs, "counts": c,
@@ -407,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "skipped": {"dask": "not measured: not a dependency of nlevel, and dask-mpi runs ~650 zero-work tasks/s here "
                             "(shared/DESIGN.md), far below every other row"},
-        "compare": {}, "futures": {}, "compare_ulfm": {}, "reliability": {}, "memory": [],
+        "compare": {}, "futures": {}, "compare_ulfm": {}, "reliability": {}, "memory": [], "user_script": {},
     }
     with tempfile.TemporaryDirectory(prefix="nlevel-suite-") as workdir:
         if "dispatch" in only:
@@ -425,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
         if "reliability" in only:
             print(f"N={args.ft_procs}: reliability (ULFM, checkpoint) ...", file=sys.stderr, flush=True)
             data["reliability"] = run_reliability(args.ft_procs, c, workdir, args.timeout)
+    if "script" in only:
+        print("a user's script (fresh processes), nlevel and the counter ...", file=sys.stderr, flush=True)
+        data["user_script"] = user_script.measure(c["script_repeat"], args.quick, "cached", args.timeout)
     if "memory" in only:
         print("memory ...", file=sys.stderr, flush=True)
         try:
@@ -453,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.json} ({data['seconds']:.0f} s)")
     failed = [r for r in [*data["compare"].values(), *data["futures"].values(), *data["compare_ulfm"].values()]
               if r.get("returncode") != 0]
+    failed += [m for c in (data["user_script"].get("cases") or {}).values() for m in c["median"].values()
+               if m.get("failed")]
     if args.notebook and args.json:
         run_notebook(args.json)
     return 1 if failed else 0

@@ -218,16 +218,22 @@ def render_soak(results: Results) -> list[str]:
         s, a = d.get("summary", {}), d.get("args", {})
         out += [f"`{path}`:", ""] if len(results) > 1 else []
         kinds = ", ".join(f"{k} {v}" for k, v in (s.get("by_kind") or {}).items() if v)
-        out += table(["trials", "deaths landed", "completed", "hangs", "non-zero exits", "ids lost", "double commits",
-                      "re-runs (bound)", "re-runs outside the dead's subtrees", "deaths the report misses"],
+        deaths = sum(int(v.get("kills", 0)) for v in (s.get("per_role") or {}).values())
+        healthy = "healthy_killed" in s  # (soak results from the heartbeat liveness on)
+        out += table(["trials", "trials with a death (by kind)", "deaths", "of those trials, exit 0", "hangs",
+                      "non-zero exits", "ids lost", "double commits", "re-runs (bound)",
+                      "re-runs outside the dead's subtrees", "deaths the report misses"]
+                     + (["healthy processes killed"] if healthy else []),
                      [[str(s.get("trials", "–")), f"{s.get('kills_landed', '–')} ({kinds})" if kinds else
-                       str(s.get("kills_landed", "–")), str(s.get("completed", "–")), str(s.get("hangs", "–")),
+                       str(s.get("kills_landed", "–")), str(deaths or "–"), str(s.get("completed", "–")),
+                       str(s.get("hangs", "–")),
                        str(s.get("failed_exit", "–")), str(s.get("lost_ids", "–")), str(s.get("double_commits", "–")),
                        f"{s.get('re_executed', '–')} ({s.get('bound', '–')})", str(s.get("re_executed_elsewhere", "–")),
                        str(s.get("unreported_kills", "–"))
                        + (f" (+{s['kills_after_release']} after the release)" if s.get("kills_after_release") else "")
                        + (f" (+{s['kills_after_end']} after their end, at most {s['after_end_max_ms']} ms before the "
-                          "release)" if s.get("kills_after_end") else "")]])
+                          "release)" if s.get("kills_after_end") else "")]
+                      + ([str(s["healthy_killed"])] if healthy else [])])
         out.append("")
         roles = s.get("per_role", {})
         if roles:
@@ -243,8 +249,11 @@ def render_soak(results: Results) -> list[str]:
                              if waits else [])
                           for k, v in sorted(roles.items())])
             out.append("")
-        out += [f"{a.get('n', '?')} tasks of {a.get('sleep_ms', '?')} ms, --ft {a.get('ft', '?')}, "
-                f"seed {a.get('seed', '?')}.", ""]
+        loads = s.get("by_workload")
+        out += [f"{a.get('n', '?')} tasks of {a.get('sleep_ms', '?')} ms"
+                + (" (" + ", ".join(f"{k} {v}" for k, v in loads.items()) + " trials: heavy = three tasks of 3-6 s, "
+                   "past a 2 s lease; mixed = log-normal lengths)" if loads else "")
+                + f", --ft {a.get('ft', '?')}, seed {a.get('seed', '?')}.", ""]
     return out
 
 

@@ -15,6 +15,7 @@ from .api import Farm, get_task_id
 from .config import Config
 from .errors import AppError, CheckpointError, ConfigError, NlevelError, PlanError
 from .model.plan import Plan
+from .runtime.signals import install as install_signal_handler
 
 __all__ = [
     "get_task_id",
@@ -26,5 +27,6 @@ __all__ = [
     "PlanError",
     "CheckpointError",
     "AppError",
+    "install_signal_handler",
     "__version__",
 ]

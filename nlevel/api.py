@@ -28,7 +28,6 @@ import atexit
 import os
 import sys
 import time
-import traceback
 from typing import Any, Callable, Iterator, Sequence
 
 from .config import Config
@@ -36,6 +35,12 @@ from .errors import ConfigError, NlevelError
 from .roles.events import Ran
 from .roles.messages import Result, TaskFailure
 from .roles.results import as_result, describe, shown
+
+# The farm's machinery, MPI's modules excepted, is imported with nlevel: a farm's first call then
+# pays for its set-up, not for imports (python -X importtime; docs/development.md). The runtime's
+# MPI modules (farm, transport, window) are left to that call: importing mpi4py initialises MPI,
+# which `import nlevel` must not do. tests/unit/test_first_call.py holds the first call to that.
+from .runtime import costs as _costs, identity as _identity, pids as _pids, rank as _rank, report as _report  # noqa: F401
 
 __all__ = ["Farm", "get_task_id", "get_team"]
 
@@ -87,7 +92,10 @@ class Farm:
             (fd 1 and 2, Python's and C's) go to ``DIR/<id>.out`` and ``DIR/<id>.err`` while it runs.
 
     Raises:
-        ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value.
+        ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value. A
+            ConfigError too when made off the main thread while SIGUSR1 would kill the process
+            (see :func:`nlevel.install_signal_handler`). A checkpoint that cannot be written is a
+            CheckpointError at the farm's end, on every rank alike.
     """
 
     def __init__(
@@ -113,9 +121,9 @@ class Farm:
         ):
             raise ConfigError(f"result_fields must be a non-empty sequence of names, got {result_fields!r}")
         self.result_fields = tuple(result_fields) if result_fields is not None else None
-        signals.install()  # SIGUSR1: stop cleanly (checkpoint, then exit); never the default "terminate"
         if not isinstance(retry_failed, bool):
             raise ConfigError(f"retry_failed must be True or False, got {retry_failed!r}")
+        signals.check_thread()  # SIGUSR1: stop cleanly (checkpoint, then exit); never the default "terminate"
         config, teams = _teams(comm, config, ranks_per_task, gpus_per_task, task_output)
         self._teams = teams
         rt: Any
@@ -188,10 +196,11 @@ class Farm:
                     self._rt.progress.stream = console(1)
         cfg = self.config
         if teams.rank == 0 and teams.wire is not None and cfg.on_task_error != "abort" and not cfg.task_timeout:
+            stops = ("the team's communicator is revoked, which ends MPI's own collectives, not every library's"
+                     if cfg.ft else "without ULFM nothing can end them")
             sys.stderr.write(f"nlevel: warning: on_task_error {cfg.on_task_error} with teams of {teams.lay.k}: a task "
                              f"that raises on some ranks of its team only can leave the others waiting in its "
-                             f"collectives ({'the team communicator is revoked, which stops MPI collectives but not all' if cfg.ft else 'nothing can stop them without ULFM'}); "
-                             f"set a task_timeout\n")
+                             f"collectives ({stops}); set a task_timeout\n")
         if teams.is_leader:
             self.next = self._lead_next  # type: ignore[method-assign]
             register_last_words(teams)
@@ -348,6 +357,8 @@ class Farm:
         self._closed = True
         try:
             self._rt.ended(self._teams.end())
+            if self._rt.exit_code is None:
+                atexit.unregister(self._exit_guard)  # (nothing to do at exit: see _finish)
         except Exception as exc:
             from .runtime.teams import TeamBroken
 
@@ -610,6 +621,10 @@ class Farm:
                 self._teams.finish({"code": rt.exit_code, "released": rt.released_code, "failed": rt.failed})
                 if self.report is not None:
                     self.report["teams"] = self._teams.describe()
+            if rt.exit_code is None:
+                # Over, and nothing to do at exit: the guard would keep this farm (its ledger, its
+                # windows' memory) alive until the interpreter ends, one per farm the process ran.
+                atexit.unregister(self._exit_guard)
 
     def _exit_guard(self) -> None:
         """At interpreter exit: a rank leaving mid-job must not hang the others; after failures, skip MPI_Finalize."""
@@ -708,6 +723,8 @@ class Farm:
     def set_exit_code(self, code: int) -> None:
         """After failures the process must end with ``os._exit(code)`` (MPI_Finalize may hang)."""
         self._rt.exit_code = code
+        atexit.unregister(self._exit_guard)  # (once, whether or not the end unregistered it)
+        atexit.register(self._exit_guard)
 
 
 def _abort_job(rank: int, what: str, exc_type: Any, exc: Any, tb: Any, ft: bool = False) -> None:
@@ -716,6 +733,8 @@ def _abort_job(rank: int, what: str, exc_type: Any, exc: Any, tb: Any, ft: bool 
     No rank may hang on it: under fault tolerance this process dies by SIGKILL, which the
     others detect (an ordinary exit would leave them waiting, see MPI_NOTES).
     """
+    import traceback  # (here: a farm that ends well never needs it)
+
     from .runtime.transport import host
 
     then = "killing this process; the others carry on without it" if ft else (

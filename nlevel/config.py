@@ -11,6 +11,7 @@ same values (the window's layout, needed before that, is checked to agree); the 
 
 from __future__ import annotations
 
+import math
 import os
 import types
 from dataclasses import Field, asdict, dataclass, field, fields, replace
@@ -21,7 +22,7 @@ from .model.cost import CHUNK_TARGET, Costs
 from .model.plan import SERVE_ONLY_CHOICES, Plan, default_regions, parse_force
 from .model.planner import first_plan
 
-__all__ = ["Config", "GROUPS", "SETTINGS", "Setting", "parse_setting"]
+__all__ = ["Config", "GROUPS", "SETTINGS", "Setting", "parse_setting", "seconds"]
 
 Check = Callable[[str, Any], None]
 
@@ -36,14 +37,39 @@ def _int_at_least(lo: int) -> Check:
     return check
 
 
+def _number(v: Any) -> bool:
+    """A real, finite number (not a bool: ``True`` is 1 to Python, not to a user)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _positive_float(name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+    if not _number(v) or not v > 0:
         raise ConfigError(f"{name} must be a number > 0 (seconds), got {v!r}")
 
 
+def _positive_number(name: str, v: Any) -> None:
+    if not _number(v) or not v > 0:
+        raise ConfigError(f"{name} must be a number > 0, got {v!r}")
+
+
 def _non_negative_float(name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+    if not _number(v) or not v >= 0:
         raise ConfigError(f"{name} must be a number >= 0 (seconds), got {v!r}")
+
+
+def seconds(*, none: bool = False) -> Check:
+    """The check of a duration setting: a finite number of seconds > 0 (with ``none``: or None, no limit).
+
+    Zero, a negative number, NaN, infinity, a bool or text are refused with one line naming the
+    setting (its flag or variable when parsed from one, see :func:`parse_setting`) and the value.
+    """
+    def check(name: str, v: Any) -> None:
+        if v is None and none:
+            return
+        if not _number(v) or not v > 0:
+            raise ConfigError(f"{name} must be a number of seconds > 0{', or none' if none else ''}, got {v!r}")
+
+    return check
 
 
 def _levels(name: str, v: Any) -> None:
@@ -57,12 +83,12 @@ def _regions(name: str, v: Any) -> None:
 
 
 def _fraction(name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+    if not _number(v) or not 0 < v < 1:
         raise ConfigError(f"{name} must be a number in (0, 1) (e.g. 0.1 for 10%), got {v!r}")
 
 
 def _fraction_or_one(name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+    if not _number(v) or not 0 < v <= 1:
         raise ConfigError(f"{name} must be a number in (0, 1], got {v!r}")
 
 
@@ -96,15 +122,8 @@ def _bool(name: str, v: Any) -> None:
         raise ConfigError(f"{name} must be true or false, got {v!r}")
 
 
-def _timeout(name: str, v: Any) -> None:
-    if v is None:
-        return
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf"):
-        raise ConfigError(f"{name} must be a number of seconds > 0, or none, got {v!r}")
-
-
 def _prefetch(name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 1:
+    if not _number(v) or not v >= 1:
         raise ConfigError(f"{name} must be a number >= 1 (requests' worth of ids per process), got {v!r}")
 
 
@@ -157,6 +176,9 @@ class Config:
         group="hierarchy", check=_int_at_least(0), unit="ids", words={"auto": 0})
     serve_only: str = _setting(
         "none", "servers that do not run tasks: none, master, all", group="hierarchy", check=_serve_only)
+    split_nodes: bool = _setting(
+        False, "let regions split a machine node (by default a region is one node or whole nodes, so claims "
+        "stay inside a node)", group="hierarchy", check=_bool)
     switch_interval: float = _setting(
         1e-4, "sys.setswitchinterval on ranks that serve while computing; keep (or 0) = keep Python's",
         group="runtime", check=_non_negative_float, unit="s", words={"keep": 0.0})
@@ -201,7 +223,7 @@ class Config:
     lease: float = _setting(
         5.0, "every process beats (a thread, whatever its task does) about five times per lease; a process "
         "silent for a lease is hung (stopped, or its task holds the GIL): killed. Long tasks never expire it",
-        group="failures", check=_positive_float, unit="s")
+        group="failures", check=seconds(), unit="s")
     on_task_error: str = _setting(
         "abort", "a task that raises: retry (elsewhere, task-retries times, then failed), skip (failed), abort",
         group="failures", check=_choice("retry", "skip", "abort"))
@@ -213,7 +235,7 @@ class Config:
     task_timeout: float | None = _setting(
         None, "a task running longer than this is hung: its rank is killed (without --with-ft ulfm the job "
         "stops, exit 75, to be resumed) and the task counts toward quarantine (exit 1 once it is); none = no limit (pick it "
-        "from the report's task-time p99 and max)", group="failures", check=_timeout, unit="s",
+        "from the report's task-time p99 and max)", group="failures", check=seconds(none=True), unit="s",
         words={"none": None, "off": None})
     control_interval: float = _setting(
         0.5, "how often the master reads the run's control directory (drain requests)",
@@ -403,27 +425,33 @@ SETTINGS: Mapping[str, Setting] = types.MappingProxyType({f.name: _row(f) for f 
 
 
 def parse_setting(name: str, text: str, source: str | None = None) -> Any:
-    """Parse the text of a setting (from the environment or the command line) into its type.
+    """Parse the text of a setting (from the environment or the command line) into its type, and check it.
 
     Raises:
-        ConfigError: naming ``source`` (or the setting) and the expected form.
+        ConfigError: one line naming ``source`` (the flag or variable; else the setting), the text
+            as typed and the expected form.
     """
     s = SETTINGS[name]
     where = source or name
-    default = s.default
     text = text.strip()
-    if name == "task_timeout" and text.lower() not in s.words:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not value > 0 or value == float("inf"):
-            raise ConfigError(f"{where} must be a number of seconds > 0, or none, got {text!r}")
-        return value
+    value = _parse(s, where, text)
+    try:
+        s.check(where, value)
+    except ConfigError as exc:  # (the message names the flag or variable, and the text as typed)
+        said = str(exc)
+        tail = f", got {value!r}"
+        raise ConfigError(said[:-len(tail)] + f", got {text!r}" if said.endswith(tail) else said) from None
+    return value
+
+
+def _parse(s: Setting, where: str, text: str) -> Any:
+    default = s.default
     if text.lower() in s.words:
         return s.words[text.lower()]
+    if default is None:
+        default = 0.0  # (a number, or a word: task_timeout's none)
     try:
-        if name == "regions":
+        if s.name == "regions":
             return tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
         if isinstance(default, bool):
             low = text.lower()
@@ -438,4 +466,5 @@ def parse_setting(name: str, text: str, source: str | None = None) -> Any:
             return float(text)
         return text
     except ValueError:
-        raise ConfigError(f"{where} must be {s.kind}{' (' + s.unit + ')' if s.unit else ''}, got {text!r}") from None
+        unit = f" ({s.unit})" if s.unit and "seconds" not in s.kind else ""
+        raise ConfigError(f"{where} must be {s.kind}{unit}, got {text!r}") from None

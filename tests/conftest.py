@@ -7,6 +7,9 @@ markers that sort the suite by cost.
   ``tests/e2e/test_mpi_suite.py``; plain pytest does not collect them.
 * ``tests/e2e/`` (marker ``e2e``): everything that launches processes: the CLI, MPI jobs,
   fault injection, Slurm, the notebook, the compiled simulator, mypy.
+* ``tests/cluster/`` (marker ``cluster``): jobs across an emulated cluster of three nodes
+  (network namespaces on this machine; root): skipped with one line where it cannot be made,
+  a failure then under ``CI=true``.
 * ``slow`` marks the longest e2e tests, so ``pytest -m "not slow"`` is a medium loop.
 
 A plain ``pytest`` runs all of it.
@@ -57,7 +60,7 @@ def kill_session(sid: int) -> None:
 
 
 #: The folder under tests/ -> the marker every test in it gets.
-FOLDER_MARKERS = {"unit": "unit", "mpi": "mpi", "e2e": "e2e"}
+FOLDER_MARKERS = {"unit": "unit", "mpi": "mpi", "e2e": "e2e", "cluster": "cluster"}
 
 
 @pytest.fixture
@@ -77,7 +80,7 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark each test by its folder: ``unit``, ``mpi`` or ``e2e``."""
+    """Mark each test by its folder: ``unit``, ``mpi``, ``e2e`` or ``cluster``."""
     tests = Path(__file__).resolve().parent
     for item in items:
         try:

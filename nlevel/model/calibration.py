@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import socket
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -56,8 +53,10 @@ def default_path() -> str:
 
 def machine_identity(mpi_library: str = "") -> dict[str, str]:
     """What a calibration depends on."""
+    import platform  # (here, not at import: read only when a calibration is, under --levels auto)
+
     return {
-        "host": socket.gethostname(),
+        "host": platform.node(),  # (= socket.gethostname(), without importing socket)
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
         "cpus": str(os.cpu_count()),
@@ -68,6 +67,8 @@ def machine_identity(mpi_library: str = "") -> dict[str, str]:
 
 def save_calibration(cal: Calibration, path: str | None = None) -> str:
     """Write ``cal`` atomically; return the path."""
+    import tempfile
+
     path = path or default_path()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")

@@ -130,6 +130,8 @@ class Workload:
         task_var: Variance of the task times.
         task_max: The longest a task takes (the tail is the last ones).
         tasks: Number of tasks.
+        nodes: Machine nodes the processes run on (regions of the first split are whole nodes:
+            at most this many of them, when more than one).
     """
 
     procs: int
@@ -137,6 +139,7 @@ class Workload:
     task_var: float = 0.0
     task_max: float = 0.0
     tasks: int = 0
+    nodes: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.procs, bool) or not isinstance(self.procs, int) or self.procs < 1:

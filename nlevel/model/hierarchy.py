@@ -1,8 +1,10 @@
 """Lay a :class:`~nlevel.model.plan.Plan` out over ranks: role, parent and children of each rank.
 
-Pure arithmetic, no MPI. Ranks are split into contiguous blocks (ranks of one node
-are usually contiguous, so a region tends to stay on a node): the world is split
-into ``regions[0]`` blocks, each of those into ``regions[1]``, and so on. The first
+Pure arithmetic, no MPI. Ranks are split into contiguous blocks: the world is split
+into ``regions[0]`` blocks, each of those into ``regions[1]``, and so on. When the ranks
+run on several nodes (``node_sizes``: the ranks of each node, contiguous), a split of ranks
+that span several nodes cuts only between nodes, so a region is one node or whole nodes and a
+slave's claims stay on its node; a split inside one node divides its ranks as usual. The first
 rank of a block leads it. The leader of the first block of a split is the leader of
 the enclosing block too, so the master is also the region-master of its own region
 (as in the paper). A server's children are the leaders of the other blocks of each
@@ -23,9 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from ..errors import PlanError
 from .plan import Plan
 
-__all__ = ["Role", "Node", "Hierarchy", "build"]
+__all__ = ["Role", "Node", "Hierarchy", "build", "node_splits", "check_nodes", "nodes_of", "fit_nodes"]
 
 
 class Role(str, Enum):
@@ -68,12 +71,14 @@ class Hierarchy:
     """
 
     def __init__(self, size: int, plan: Plan, nodes: list[Node], failed: frozenset[int] = frozenset(),
-                 out: frozenset[int] = frozenset()) -> None:
+                 out: frozenset[int] = frozenset(), node_sizes: tuple[int, ...] = ()) -> None:
         self.size = size
         self.plan = plan
         self.nodes = nodes
         self.failed = failed
         self.out = out
+        #: Ranks per machine node, in rank order (empty: one node, or not known).
+        self.node_sizes = node_sizes
         #: The master's rank: the lowest surviving rank.
         self.master = next((n.rank for n in nodes if n.role is Role.MASTER), 0)
 
@@ -105,8 +110,13 @@ class Hierarchy:
         }
 
 
-def _split(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
-    """Split ``[lo, hi)`` into ``parts`` contiguous blocks whose sizes differ by at most one."""
+def _split(lo: int, hi: int, parts: int, bounds: tuple[int, ...] = ()) -> list[tuple[int, int]]:
+    """Split ``[lo, hi)`` into ``parts`` contiguous blocks whose sizes differ by at most one; when
+    node boundaries (``bounds``) fall inside it, into ``parts`` groups of whole nodes instead
+    (as even as whole nodes allow), or, with fewer nodes than parts, one block per node."""
+    inner = [b for b in bounds if lo < b < hi]
+    if inner:
+        return _group_nodes([lo, *inner, hi], parts)
     n = hi - lo
     base, extra = divmod(n, parts)
     out = []
@@ -118,12 +128,111 @@ def _split(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+def _group_nodes(edges: list[int], parts: int) -> list[tuple[int, int]]:
+    """The nodes between consecutive ``edges`` in ``parts`` contiguous groups of about equal ranks."""
+    k = len(edges) - 1
+    if parts >= k:
+        return [(edges[i], edges[i + 1]) for i in range(k)]
+    lo, hi = edges[0], edges[-1]
+    cuts = [0]
+    for j in range(1, parts):
+        target = lo + (hi - lo) * j / parts
+        # the node edge nearest the even cut, leaving at least one node to each group on both sides
+        first, last = cuts[-1] + 1, k - (parts - j)
+        best = min(range(first, last + 1), key=lambda i: (abs(edges[i] - target), i))
+        cuts.append(best)
+    cuts.append(k)
+    return [(edges[cuts[i]], edges[cuts[i + 1]]) for i in range(parts)]
+
+
+def node_splits(size: int, plan: Plan, node_sizes: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """The splits of ``plan`` that would have to cut a node: ``(level, regions asked, nodes there)``.
+
+    A split of ranks spanning ``k`` nodes into more than ``k`` regions cannot keep every node
+    whole; :func:`build` then makes one region per node (fewer than asked).
+    """
+    bounds = _bounds(node_sizes)
+    out: list[tuple[int, int, int]] = []
+
+    def walk(lo: int, hi: int, depth: int) -> None:
+        if depth >= plan.levels - 2:
+            return
+        inner = [b for b in bounds if lo < b < hi]
+        parts = plan.regions[depth]
+        if inner and parts > len(inner) + 1:
+            out.append((depth + 1, parts, len(inner) + 1))
+        for sub_lo, sub_hi in _split(lo, hi, parts, bounds):
+            walk(sub_lo, sub_hi, depth + 1)
+
+    if len(bounds) > 0:
+        walk(0, size, 0)
+    return out
+
+
+def check_nodes(size: int, plan: Plan, node_sizes: tuple[int, ...]) -> None:
+    """Raise PlanError when ``plan`` asks for more regions than there are nodes to keep whole.
+
+    Raises:
+        PlanError: naming the level, the regions asked and the nodes there.
+    """
+    bad = node_splits(size, plan, node_sizes)
+    if bad:
+        level, parts, nodes = bad[0]
+        raise PlanError(
+            f"regions {parts} at level {level} would split a node: those ranks run on {nodes} nodes "
+            f"({', '.join(map(str, node_sizes))} ranks per node); ask for at most {nodes} regions there, "
+            f"or allow it with --split-nodes")
+
+
+def nodes_of(hosts: list[str] | tuple[str, ...]) -> tuple[int, ...] | None:
+    """Ranks per node from every rank's host name, in rank order; None when the ranks of a node are
+    not contiguous (``mpiexec --map-by node``: the layout then follows ranks, not nodes)."""
+    sizes: list[int] = []
+    seen: set[str] = set()
+    prev = None
+    for h in hosts:
+        if h != prev:
+            if h in seen:
+                return None
+            seen.add(h)
+            sizes.append(0)
+            prev = h
+        sizes[-1] += 1
+    return tuple(sizes) if len(sizes) > 1 else ()
+
+
+def fit_nodes(size: int, plan: Plan, node_sizes: tuple[int, ...]) -> Plan:
+    """``plan`` with no more regions at each split than the nodes there keep whole (the planner's and
+    a plan sized from the process count alone; a user's ``--regions`` is checked by :func:`check_nodes`)."""
+    from dataclasses import replace
+
+    for _ in range(plan.levels):
+        bad = node_splits(size, plan, node_sizes)
+        if not bad:
+            return plan
+        level, _, nodes = bad[0]
+        regions = list(plan.regions)
+        regions[level - 1] = nodes
+        plan = replace(plan, regions=tuple(regions))
+    return plan
+
+
+def _bounds(node_sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The first rank of every node but the first."""
+    out, at = [], 0
+    for n in node_sizes[:-1]:
+        at += n
+        out.append(at)
+    return tuple(out)
+
+
 #: The last few hierarchies built, by (size, the plan object, failed, out): after a death every
 #: survivor rebuilds the same one (16,384 stations of a simulation each took 0.1 s).
-_RECENT: dict[tuple[int, int, frozenset[int], frozenset[int]], tuple[Plan, Hierarchy]] = {}
+_RECENT: dict[tuple[int, int, frozenset[int], frozenset[int], tuple[int, ...]], tuple[Plan, Hierarchy]] = {}
 
 
-def build(size: int, plan: Plan, failed: frozenset[int] = frozenset(), out: frozenset[int] = frozenset()) -> Hierarchy:
+def build(size: int, plan: Plan, failed: frozenset[int] = frozenset(), out: frozenset[int] = frozenset(),
+          node_sizes: tuple[int, ...] = ()) -> Hierarchy:
     """Return the hierarchy of ``plan`` over ranks ``0 .. size - 1``, without the ``failed`` ranks.
 
     The same ``size``, plan object, ``failed`` and ``out`` give the same :class:`Hierarchy`
@@ -133,6 +242,9 @@ def build(size: int, plan: Plan, failed: frozenset[int] = frozenset(), out: froz
     (the region's deterministic election: no vote, every rank computes the same answer).
     A failed rank gets role ``DEAD``, no parent and no children.
 
+    ``node_sizes``: ranks per node in rank order (the ranks of a node contiguous); a split of
+    ranks spanning several nodes cuts only between nodes (see :func:`_split`); empty: one node.
+
     ``out``: ranks an operator drained (a plan switch lays its plan out without them; see
     :class:`~nlevel.roles.replan.Replanning`). Each gets role ``DRAINED``: it leads no block,
     computes nothing (weight 0) and is a child of the master, with no children. The master
@@ -141,19 +253,25 @@ def build(size: int, plan: Plan, failed: frozenset[int] = frozenset(), out: froz
     Raises:
         PlanError: when the plan does not fit ``size`` ranks.
     """
-    key = (size, id(plan), frozenset(failed), frozenset(out))
+    if node_sizes and (sum(node_sizes) != size or min(node_sizes) < 1):
+        raise PlanError(f"node sizes {list(node_sizes)} do not add up to {size} ranks")
+    if len(node_sizes) == 1:
+        node_sizes = ()
+    key = (size, id(plan), frozenset(failed), frozenset(out), node_sizes)
     hit = _RECENT.get(key)
     if hit is not None and hit[0] is plan:
         return hit[1]
-    h = _build(size, plan, key[2], key[3] - key[2])
+    h = _build(size, plan, key[2], key[3] - key[2], node_sizes)
     if len(_RECENT) >= 8:
         _RECENT.clear()
     _RECENT[key] = (plan, h)
     return h
 
 
-def _build(size: int, plan: Plan, failed: frozenset[int], out: frozenset[int]) -> Hierarchy:
+def _build(size: int, plan: Plan, failed: frozenset[int], out: frozenset[int],
+           node_sizes: tuple[int, ...] = ()) -> Hierarchy:
     plan.check_fits(size)
+    bounds = _bounds(node_sizes)
     last = plan.levels - 1
     parent: list[int | None] = [None] * size
     level = [last] * size
@@ -173,7 +291,7 @@ def _build(size: int, plan: Plan, failed: frozenset[int], out: frozenset[int]) -
                     parent[r] = lead
                     children[lead].append(r)
             return
-        blocks = _split(lo, hi, plan.regions[depth])
+        blocks = _split(lo, hi, plan.regions[depth], bounds)
         leads = [leader(sub_lo, sub_hi) for sub_lo, sub_hi in blocks]
         for sub in leads:
             if sub is not None and sub != lead:
@@ -230,4 +348,4 @@ def _build(size: int, plan: Plan, failed: frozenset[int], out: frozenset[int]) -
         )
         for r in range(size)
     ]
-    return Hierarchy(size, plan, nodes, frozenset(failed), out)
+    return Hierarchy(size, plan, nodes, frozenset(failed), out, node_sizes)

@@ -103,9 +103,17 @@ def _region_counts(limit: int) -> list[int]:
 
 
 def candidates(procs: int, task_mean: float, costs: Costs, serve_only: str = "none",
-               max_levels: int = 6) -> Iterator[Plan]:
+               max_levels: int = 6, nodes: int = 1) -> Iterator[Plan]:
     """Every plan worth evaluating on ``procs`` processes: depths, region counts, and for short
-    tasks ids per range (1 to 64 tasks of work per claim)."""
+    tasks ids per range (1 to 64 tasks of work per claim). On several ``nodes`` the first split
+    makes at most one region per node (a region never splits a node)."""
+    for plan in _candidates(procs, task_mean, costs, serve_only, max_levels):
+        if nodes <= 1 or not plan.regions or plan.regions[0] <= nodes:
+            yield plan
+
+
+def _candidates(procs: int, task_mean: float, costs: Costs, serve_only: str,
+                max_levels: int) -> Iterator[Plan]:
     auto = auto_ids(task_mean, costs.chunk_target, costs.max_chunk)
     chunks = [0]
     if task_mean * auto < 0.05:  # short ranges: packing more per claim may pay
@@ -145,7 +153,7 @@ def choose_plan(work: Workload, costs: Costs, threshold: float = 0.10, serve_onl
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
         raise ConfigError(f"threshold must be in (0, 1), got {threshold!r}")
     preds = [predict(plan, work, costs, dispersion) for plan in candidates(work.procs, work.task_mean, costs,
-                                                                            serve_only, max_levels)]
+                                                                            serve_only, max_levels, work.nodes)]
     if not preds:
         raise ConfigError(f"no plan fits {work.procs} processes with serve_only={serve_only!r}")
     classic = next((p for p in preds if p.plan.levels == 2 and not p.plan.chunk), None)
@@ -177,7 +185,7 @@ def choose_plan(work: Workload, costs: Costs, threshold: float = 0.10, serve_onl
 
 
 def first_plan(size: int, costs: Costs, threshold: float = 0.10, serve_only: str = "none", prefetch: float = 2.0,
-               chunk: int = 0, task_time: float = 0.0) -> Plan:
+               chunk: int = 0, task_time: float = 0.0, nodes: int = 1) -> Plan:
     """The plan a ``--levels auto`` job starts on, before anything is measured.
 
     The paper starts classic. That is right only where one master absorbs the first burst
@@ -187,7 +195,7 @@ def first_plan(size: int, costs: Costs, threshold: float = 0.10, serve_only: str
     count (at most about that many children per server). The reason says which.
     """
     if task_time > 0:
-        d = choose_plan(Workload(size, task_time), costs, threshold, serve_only)
+        d = choose_plan(Workload(size, task_time, nodes=nodes), costs, threshold, serve_only)
         return Plan(d.plan.levels, d.plan.regions, prefetch, chunk, serve_only,
                     f"auto: start on the model's plan for the task-time hint {task_time:g} s ({d.reason})")
     if size <= CLASSIC_UP_TO:
@@ -200,6 +208,8 @@ def first_plan(size: int, costs: Costs, threshold: float = 0.10, serve_only: str
     else:
         per = max(2, math.ceil(math.sqrt(size / CLASSIC_UP_TO)))
         regions = (per, per)
+    if nodes > 1 and regions[0] > nodes:  # (a region never splits a node: whole nodes, at most one region each)
+        regions = (nodes, *regions[1:])
     why = (f"auto: start on a tree sized from {size} processes (at most about {CLASSIC_UP_TO} children per server; "
            f"classic would take the first burst of {size} requests on one master) until the first measurements decide")
     plan = Plan(len(regions) + 2, regions, prefetch, chunk, serve_only, why)

@@ -43,6 +43,9 @@ from ..stats import Summary
 
 __all__ = ["AutoPlanner", "costs_of"]
 
+#: Decisions the planner keeps besides the start and its switches (the oldest others are dropped, counted).
+KEPT = 128
+
 
 def costs_of(config: Config, service_time: float | None = None) -> Costs:
     """The model's costs from the settings (and a measured service time, when there is one)."""
@@ -61,8 +64,9 @@ class AutoPlanner:
         total: Tasks in the job.
     """
 
-    def __init__(self, size: int, config: Config, plan: Plan, total: int = 0) -> None:
+    def __init__(self, size: int, config: Config, plan: Plan, total: int = 0, nodes: int = 1) -> None:
         self.size = size
+        self.nodes = nodes  # machine nodes: a region of the first split is whole nodes
         self.config = config
         self.plan = plan
         self.total = total
@@ -79,6 +83,8 @@ class AutoPlanner:
         self.samples = 0
         self.next_window = 0.0
         self.decisions: list[dict[str, Any]] = [{"time": 0.0, "start": plan.to_dict(), "reason": plan.reason}]
+        self.made = 1  # decisions made, kept or not (see _record)
+        self.dropped = 0  # decisions not kept
         self.force = parse_force(config.force_replan)
         self.committed = 0.0  # fraction of the tasks committed, as of the last tick
 
@@ -126,7 +132,7 @@ class AutoPlanner:
         if self.force is not None and committed_fraction >= self.force[0]:
             plan = self.force[1]
             self.force = None
-            self.decisions.append({"time": now, "reason": plan.reason, "switch_to": plan.to_dict()})
+            self._record({"time": now, "reason": plan.reason, "switch_to": plan.to_dict(), "switch": True})
             return self._switch(plan, now)
         if self.size < 4:
             return None  # no hierarchy fits: classic it is
@@ -177,7 +183,7 @@ class AutoPlanner:
         # load, and 32,768 ranks' simulation spent a quarter of its time in 760 of them)
         self.next_window = now + max(c.replan_interval, 2 * mean)
         var = max(0.0, self.task_sq / self.task.n - mean * mean) if self.task.n else 0.0
-        work = Workload(self.size, mean, var, self.task_max, self.total)
+        work = Workload(self.size, mean, var, self.task_max, self.total, self.nodes)
         measured_s = self.service.mean if self.service.n else 0.0
         costs = costs_of(c, measured_s)
         dispersion = max(msgs.dispersion, claims.dispersion) if msgs.verdict == "over-dispersed" or \
@@ -262,11 +268,22 @@ class AutoPlanner:
                 f"arrivals are not Poisson (messages {msgs.verdict}, dispersion {msgs.dispersion:.2f}; claims "
                 f"{claims.verdict}, dispersion {claims.dispersion:.2f}): "
                 + ("more headroom kept" if dispersion > 1 else "the M/M/1 prediction is an approximation here"))
-        self.decisions.append(record)
+        self._record(record)
         if not switch:
             return None
         return self._switch(Plan(decision.plan.levels, decision.plan.regions, self.plan.prefetch,
                                  decision.plan.chunk, self.plan.serve_only, why), now)
+
+    def _record(self, decision: dict[str, Any]) -> None:
+        """Keep ``decision``: the start and every switch always, and the last :data:`KEPT` others
+        (one every few seconds for a week's job would be a memory of its own)."""
+        self.made += 1
+        self.decisions.append(decision)
+        if len(self.decisions) > KEPT:
+            drop = next((i for i, d in enumerate(self.decisions) if i > 0 and not d.get("switch")), None)
+            if drop is not None:
+                del self.decisions[drop]
+                self.dropped += 1
 
     def _switch(self, plan: Plan, now: float) -> Plan:
         self.plan = plan

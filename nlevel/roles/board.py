@@ -1,8 +1,9 @@
 """A server's board: the ids it offers its children, taken with one-sided atomic operations.
 
-Pure Python + numpy: the algorithms here run against a :class:`Memory` of int64 words,
-which the runtime backs with an MPI window (:mod:`nlevel.runtime.window`), and the
-simulator, the tests and the two-sided fallback with a local array (:class:`LocalMemory`).
+Pure Python (no numpy: a farm's first call need not import it): the algorithms here run
+against a :class:`Memory` of int64 words, which the runtime backs with an MPI window
+(:mod:`nlevel.runtime.window`), and the simulator, the tests and the two-sided fallback
+with a local array (:class:`LocalMemory`).
 
 Layout of one board (``K`` slots)::
 
@@ -51,9 +52,7 @@ per slot); EMPTY is -1 and the marker of rank ``r`` is ``-2 - r``: every packed 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Protocol
-
-import numpy as np
+from typing import Final, Protocol, Sequence
 
 __all__ = [
     "HEAD", "TAIL", "HEADER", "FINAL", "CLOSED", "DRAINED", "EMPTY", "LEN_BITS", "MAX_ID", "MAX_LEN", "TICKET_BITS",
@@ -107,10 +106,10 @@ class Memory(Protocol):
     def get(self, index: int) -> int:
         """Return word ``index``."""
 
-    def read(self, index: int, count: int) -> np.ndarray | list[int]:
-        """Return a copy of ``count`` words from ``index`` (an int64 array, or a list of ints)."""
+    def read(self, index: int, count: int) -> list[int]:
+        """Return a copy of ``count`` words from ``index``."""
 
-    def write(self, index: int, values: np.ndarray | list[int]) -> None:
+    def write(self, index: int, values: Sequence[int]) -> None:
         """Store ``values`` at ``index``, ``index + 1``, ..."""
 
     def put(self, index: int, value: int) -> None:
@@ -155,7 +154,7 @@ class LocalMemory:
     def read(self, index: int, count: int) -> list[int]:
         return self.words[index : index + count]
 
-    def write(self, index: int, values: np.ndarray | list[int]) -> None:
+    def write(self, index: int, values: Sequence[int]) -> None:
         self.words[index : index + len(values)] = [int(v) for v in values]
 
     def put(self, index: int, value: int) -> None:
@@ -360,7 +359,7 @@ class Owner:
                     self._settle(mem, t, take=True)
         if self.tail < self.head:
             self._dirty = True  # waiting claimers hold these tickets: they swap without moving HEAD
-        if n == 1:  # (the usual top-up: without numpy's per-call cost)
+        if n == 1:  # (the usual top-up: one put)
             pub, slots, tail = self.pub, self.slots, self.tail
             for k, (a, b) in enumerate(ranges):
                 v = (a << LEN_BITS) | (b - a)
@@ -428,10 +427,10 @@ class Owner:
             first = lo % self.slots
             n = min(upto - lo, self.slots - first)
             got = mem.read(HEADER + first, n)
-            if lo + n > head and isinstance(got, list):
+            if lo + n > head:
                 # Slots no ticket has reached (a full scan's usual case: what is on the board)
                 # hold what was published unless a lapped claimer swapped one: one comparison of
-                # two lists (the same int objects) instead of a look at each packed range.
+                # two lists instead of a look at each packed range.
                 reached = head - lo if head > lo else 0
                 if got[reached:] == pub[first + reached : first + n]:
                     if not reached:
@@ -439,29 +438,14 @@ class Owner:
                         continue
                     got = got[:reached]  # (read whole all the same: the simulator counts the reads)
             if n <= 32:
-                self._scan_few(mem, lo, first, got if isinstance(got, list) else got.tolist(), head, now)
-                lo += n
-                continue
-            vals = np.asarray(got, np.int64)
-            claimed = np.flatnonzero(vals < EMPTY)
-            if len(claimed):
-                slots = first + claimed
-                for r, j in zip((-2 - vals[claimed]).tolist(), slots.tolist()):
-                    p = pub[j]
-                    start = p >> LEN_BITS
-                    self.claimed.append((r, start, start + (p & MAX_LEN)))
-                    self.on_board -= p & MAX_LEN
-                    pub[j] = EMPTY
-                for run_first, run_len in _runs(slots):
-                    mem.write(HEADER + run_first, [EMPTY] * run_len)
-            if lo < head:
-                for k in np.flatnonzero(vals[: head - lo] >= 0).tolist():
-                    self.limbo.setdefault(lo + k, now)
+                self._scan_few(mem, lo, first, got, head, now)
+            else:
+                self._scan_many(mem, lo, first, got, head, now)
             lo += n
         self.scanned = max(self.scanned, min(head, self.tail))
 
     def _scan_few(self, mem: Memory, lo: int, first: int, vals: list[int], head: int, now: float) -> None:
-        """:meth:`scan` of a short run of slots, without numpy's per-call cost."""
+        """:meth:`scan` of a short run of slots: each emptied slot is one write."""
         pub = self.pub
         for k, v in enumerate(vals):
             if v < EMPTY:
@@ -473,6 +457,22 @@ class Owner:
                 mem.put(HEADER + first + k, EMPTY)
             elif v >= 0 and lo + k < head:
                 self.limbo.setdefault(lo + k, now)
+
+    def _scan_many(self, mem: Memory, lo: int, first: int, vals: list[int], head: int, now: float) -> None:
+        """:meth:`scan` of a long run of slots: the emptied slots are written a run of adjacent ones at a time."""
+        pub, claimed = self.pub, [k for k, v in enumerate(vals) if v < EMPTY]
+        for k in claimed:
+            p = pub[first + k]
+            start = p >> LEN_BITS
+            self.claimed.append((-2 - vals[k], start, start + (p & MAX_LEN)))
+            self.on_board -= p & MAX_LEN
+            pub[first + k] = EMPTY
+        for run_first, run_len in _runs(claimed):
+            mem.write(HEADER + first + run_first, [EMPTY] * run_len)
+        if lo < head:
+            for k, v in enumerate(vals[: head - lo]):
+                if v >= 0:
+                    self.limbo.setdefault(lo + k, now)
 
     def _settle(self, mem: Memory, t: int, take: bool) -> None:
         """Look at limbo ticket ``t`` again: attribute it if swapped; with ``take``, else take it back."""
@@ -542,11 +542,12 @@ class Owner:
                 mem.put(TAIL, tail | self.flags)
 
 
-def _runs(idx: np.ndarray) -> list[tuple[int, int]]:
+def _runs(idx: list[int]) -> list[tuple[int, int]]:
     """Contiguous runs of sorted indices as (first, length)."""
-    if not len(idx):
-        return []
-    breaks = np.flatnonzero(np.diff(idx) != 1)
-    starts = np.concatenate(([0], breaks + 1))
-    ends = np.concatenate((breaks + 1, [len(idx)]))
-    return [(int(idx[s]), int(e - s)) for s, e in zip(starts, ends)]
+    runs: list[tuple[int, int]] = []
+    for i in idx:
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs

@@ -30,10 +30,12 @@ from .region import Region
 from .server import LEAF, Boards, Server, Sizing
 from .worker import State, Worker
 
-__all__ = ["StationCore", "TIMELINE_BIN"]
+__all__ = ["StationCore", "TIMELINE_BIN", "TIMELINE_MAX"]
 
 #: Seconds per bin of the servers' timeline in the run report.
 TIMELINE_BIN: Final = 0.1
+#: Bins a server keeps at most: past it, its bins double in width (a week's job keeps 2,048, not six million).
+TIMELINE_MAX: Final = 2048
 
 
 class StationCore:
@@ -79,7 +81,8 @@ class StationCore:
         self.final = False  # ... and raised FINAL on its boards
         self.drain_requested = False
         self.drained: dict[int, float] = {}  # the master: ranks it asked to leave, and when
-        self.served_bins: dict[int, int] = {}  # wall time // TIMELINE_BIN -> ranges taken here
+        self.served_bins: dict[int, int] = {}  # wall time // timeline_bin -> ranges taken here
+        self.timeline_bin = TIMELINE_BIN  # seconds per bin (doubles as the job goes on, see _timeline)
         self._served_seen = 0  # the server's count of ranges taken, as the timeline last saw it
         self.hosts = hosts
         # Failures (see nlevel.roles.failures).
@@ -87,14 +90,16 @@ class StationCore:
         self.failures: list[FailureRecord] = []
         self.abandoned = False  # this rank gave itself up (its task hung, no fault tolerance)
         self.timeout_notes: list[tuple[int, tuple[tuple[int, int], ...]]] = []  # (rank, ids) timed out, for a successor
-        self.stop_reason = ""  # why the master stopped the job early: "SIGUSR1", "task timeout", "checkpoint"
+        self.stop_reason = ""  # why the master stopped the job early: "SIGUSR1", "task timeout", "checkpoint", "lock"
         # Errors in the user's program (see roles.events.UserError): this rank's own, told again to
         # each new master; and the master's record of every rank's (rank -> the error), first one first.
         self.erred = ""
         self.user_errors: dict[int, str] = {}
         self.master_heard = clock()  # a watcher: when the master was last heard (it heartbeats)
         self.watching: int | None = None  # the master this rank watches now
-        self.heartbeat_sent = -1e300
+        self.watched_at = 0.0  # when this rank last looked at the master's silence
+        self.looked_at = -1e300  # when it last had the runtime look for processes that exited
+        self.heartbeat_sent = clock()  # (its parent heard it at the start: the first beat is one period on)
         self.overran_tasks: set[int] = set()  # this rank's own tasks past --task-timeout, told once
         self.own_running = 0.0  # seconds its user loop has spent in the task it runs now (see Tick)
         # The end (see nlevel.roles.ending).
@@ -133,7 +138,7 @@ class StationCore:
         self.loading = False  # a new master waits for its ledger from the checkpoint file
         self.planner: AutoPlanner | None = None
         if rank == 0 and config.auto:
-            self.planner = AutoPlanner(self.size, config, hierarchy.plan, total)
+            self.planner = AutoPlanner(self.size, config, hierarchy.plan, total, max(1, len(hierarchy.node_sizes)))
         self.worker: Worker | None = None
         self.server: Server | None = None
         self.lay_out(hierarchy)
@@ -280,8 +285,13 @@ class StationCore:
                 d.close_boards(FINAL, now)
         elif isinstance(d, Master) and (d.exhausted or d.abandoned) and not self.final_asked and not self.loading:
             self.final_asked = True  # the last checkpoint first; FINAL when it is on disk
-            outs.append(WriteCheckpoint(final=True))
+            outs += self.final_checkpoint()
         return outs
+
+    def final_checkpoint(self) -> list[Effect]:
+        """The master: what writing the last checkpoint takes (see the failure handling's, which copies
+        the last commits to the deputy first)."""
+        return [WriteCheckpoint(final=True)]
 
     def finish_job(self) -> list[Effect]:
         """The master's final checkpoint is written: release everyone (FINAL on the boards)."""
@@ -300,8 +310,14 @@ class StationCore:
         served = d.served
         last = self._served_seen
         if served > last:
-            b = int(self.wall() / TIMELINE_BIN)
-            self.served_bins[b] = self.served_bins.get(b, 0) + served - last
+            bins = self.served_bins
+            b = int(self.wall() / self.timeline_bin)
+            bins[b] = bins.get(b, 0) + served - last
+            if len(bins) > TIMELINE_MAX:
+                coarse: dict[int, int] = {}
+                for k, n in bins.items():
+                    coarse[k // 2] = coarse.get(k // 2, 0) + n
+                self.served_bins, self.timeline_bin = coarse, 2 * self.timeline_bin
         self._served_seen = served
 
     def retire_server(self) -> None:

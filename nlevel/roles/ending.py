@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import CheckpointError
 from ..stats import RequestTimes, Summary
 from .core import StationCore
 from .events import Effect, Send
@@ -87,7 +88,7 @@ def own_stats(st: StationCore) -> tuple[dict[str, Any], dict[str, Any]]:
         "requests": requests,
         "unexpected": d.unexpected if d is not None else 0,
         "failures": [f.to_dict() for f in st.failures],
-        "timeline": {st.rank: dict(st.served_bins)} if st.served_bins else {},
+        "timeline": {st.rank: (st.timeline_bin, dict(st.served_bins))} if st.served_bins else {},
         **getattr(st, "extra_stats", {}),
     }
     return row, merged
@@ -182,16 +183,21 @@ class Closing(StationCore):
         rows, stats = self._payload(children)
         return sorted(rows, key=lambda r: r["rank"]), stats
 
-    def release(self, code: int, report: dict[str, Any] | None) -> list[Effect]:
-        """The master: end the job for everyone; ``code`` is the status processes end with after failures."""
+    def release(self, code: int, report: dict[str, Any] | None, error: BaseException | str | None = None,
+                errno: int = 0) -> list[Effect]:
+        """The master: end the job for everyone; ``code`` is the status processes end with after failures;
+        ``error``: the checkpoint's write error (its text, with ``errno``), for every rank to raise alike."""
+        if isinstance(error, BaseException):
+            error, errno = getattr(error, "problem", None) or str(error), getattr(error, "errno", None) or 0
+        error = error or ""
         failed = tuple(sorted(self.failed))
         dep = deputy(self.hierarchy)
         outs: list[Effect] = []
         if dep is not None:
-            outs.append(Send(dep, Release(code, failed, report, pending=True)))
+            outs.append(Send(dep, Release(code, failed, report, pending=True, error=error, errno=errno)))
         others = sorted((r for r in range(self.size) if r not in self.failed and r not in (self.rank, dep)),
                         reverse=True)
-        rest = [Send(r, Release(code, failed)) for r in others]
+        rest = [Send(r, Release(code, failed, error=error, errno=errno)) for r in others]
         if not self.ft and failed:
             # Without fault tolerance, a rank given up (its task past --task-timeout) keeps its
             # process: no collective can end the job, every process ends on its own with the
@@ -207,13 +213,18 @@ class Closing(StationCore):
             # (report, lock): until then the deputy still watches it, so a master hung in that
             # window is killed and the deputy finishes the job, instead of a hang. (Without it,
             # after a rank was given up, the deputy waits with everyone else, see above.)
-            last = Send(dep, Release(code, failed))
+            last = Send(dep, Release(code, failed, error=error, errno=errno))
             if self.ft or failed:
                 self.held_release.append(last)
             else:
                 outs.append(last)
-        self.released = Release(code, failed, report)
+        self.released = Release(code, failed, report, error=error, errno=errno)
         return outs
+
+    def release_error(self, path: str | None) -> CheckpointError | None:
+        """The checkpoint's write error the master told with its release (None: it had none)."""
+        r = self.released
+        return CheckpointError(r.error, path=path, errno=r.errno or None) if r is not None and r.error else None
 
     def release_deputy(self) -> list[Effect]:
         """The master, its own end done (report written, lock released): the releases it held back
@@ -244,4 +255,4 @@ class Closing(StationCore):
         pending = self.pending_release
         assert pending is not None
         self.finished_release = True
-        return self.release(pending.code, pending.report)
+        return self.release(pending.code, pending.report, pending.error, pending.errno)

@@ -17,9 +17,9 @@ from .ledger import Ledger
 from .messages import Message, Result, TaskFailure
 
 __all__ = [
-    "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "Overran", "CheckpointLoaded",
+    "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "Overran", "Served", "CheckpointLoaded",
     "CheckpointWritten", "UserError", "Event",
-    "Send", "Kill", "Abandon", "WriteCheckpoint", "LoadCheckpoint", "Answer", "Log", "Effect",
+    "Send", "Kill", "Abandon", "Watch", "WriteCheckpoint", "LoadCheckpoint", "Answer", "Log", "Effect",
 ]
 
 
@@ -128,6 +128,13 @@ class Overran:
 
 
 @dataclass(frozen=True, slots=True)
+class Served:
+    """Handling one message took ``seconds`` of this rank's CPU (the master's planner measures its μ)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointLoaded:
     """The ledger a :class:`LoadCheckpoint` read (None: no usable checkpoint; ``error`` says why)."""
 
@@ -152,7 +159,7 @@ class UserError:
     why: str
 
 
-Event = Union[Received, Tick, Died, Ran, NeedIds, Leave, Stop, DrainRequest, Overran, CheckpointLoaded,
+Event = Union[Received, Tick, Died, Ran, NeedIds, Leave, Stop, DrainRequest, Overran, Served, CheckpointLoaded,
               CheckpointWritten, UserError]
 
 
@@ -175,9 +182,10 @@ class Kill:
 
 @dataclass(frozen=True, slots=True)
 class Abandon:
-    """Treat ``rank`` as dead although its process may live on (a task past its time limit
-    without fault tolerance: it cannot be killed without ending the job). This rank itself:
-    it stops taking part, and the others carry on without it."""
+    """This rank (``rank``) gives itself up: its task ran past its time limit and it cannot be killed
+    (without fault tolerance MPI would end the whole job; or it is the last rank). It has stopped
+    taking part (the station did that, and the Gone notices follow this effect); the runtime writes
+    the master's ledger first and retires the process."""
 
     rank: int
     why: str
@@ -196,6 +204,14 @@ class LoadCheckpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class Watch:
+    """Look whether the processes of ``ranks`` still exist (a process that exited is never reported by
+    MPI): those gone are told back as a death (:class:`Died` with ``tell``)."""
+
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Answer:
     """Answer the operator's request ``token`` (see :class:`DrainRequest`)."""
 
@@ -210,4 +226,4 @@ class Log:
     text: str
 
 
-Effect = Union[Send, Kill, Abandon, WriteCheckpoint, LoadCheckpoint, Answer, Log]
+Effect = Union[Send, Kill, Abandon, Watch, WriteCheckpoint, LoadCheckpoint, Answer, Log]

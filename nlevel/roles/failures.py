@@ -60,7 +60,7 @@ class Failures(StationCore):
         outs: list[Effect] = []
         for x in new:
             self.endings.pop(x, None)
-        nh = build(self.size, old.plan, failed, old.out)  # (the ranks its plan left out stay out)
+        nh = build(self.size, old.plan, failed, old.out, old.node_sizes)  # (the ranks its plan left out stay out)
         if self.sent_done is None:
             self.sent_done = {}
         # Completions reported to a rank that died are lost with it: report them again (below),
@@ -519,6 +519,11 @@ class Failures(StationCore):
     def _deaths(d: Master) -> tuple[Ranges, ...]:
         """The master's death counts, for the deputy (as ranges per count: a few, whatever the ids held)."""
         return d.deaths.ranges()
+
+    def final_checkpoint(self) -> list[Effect]:
+        """Everything is committed: under fault tolerance the deputy gets the last commits before the
+        checkpoint is written and anyone is released, so a master dying now leaves a complete ledger."""
+        return (self.mirror_out(force=True) if self.ft else []) + super().final_checkpoint()
 
     def mirror_out(self, force: bool = False) -> list[Effect]:
         """The master: send the deputy what was committed since the last copy (batched), or a heartbeat."""

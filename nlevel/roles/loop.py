@@ -6,10 +6,10 @@ checkpoint written) and in *when* they call a step (a server thread every tick, 
 slave when it needs ids, simulated time). The steps:
 
 * :meth:`Loop.receive`: messages and deaths the port has for this rank;
-* :meth:`Loop.tick`: time-driven work (boards, batches, leases, planner);
+* :meth:`Loop.tick`: time-driven work (boards, batches, heartbeats, leases, the planner, and a look
+  for processes that vanished: a rank that exited is never reported by MPI);
 * :meth:`Loop.control`: the master's operator requests and stop signal;
 * :meth:`Loop.checkpoint`: the master's periodic checkpoint;
-* :meth:`Loop.watch`: processes that vanished (a rank that exited is never reported by MPI);
 * :meth:`Loop.need_ids`: the user's loop needs its next range.
 
 Pure Python: threads, locks and MPI belong to the port's owner.
@@ -22,17 +22,14 @@ from typing import Callable, Final, Protocol
 from ..ranges import Ranges
 from .events import (
     Abandon, Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Kill, Leave,
-    LoadCheckpoint, Log, NeedIds, Ran, Received, Send, Stop, Tick, WriteCheckpoint,
+    LoadCheckpoint, Log, NeedIds, Ran, Received, Send, Served, Stop, Tick, Watch, WriteCheckpoint,
 )
 from .ledger import Ledger
 from .messages import Gone, Message, Result, TaskFailure
 from .master import Master
 from .station import Station
 
-__all__ = ["Port", "Loop", "WATCH_PERIOD"]
-
-#: Seconds between two looks at whether watched processes still exist.
-WATCH_PERIOD: Final = 0.05
+__all__ = ["Port", "Loop"]
 
 _NEED: Final = NeedIds()  # (frozen: one instance serves every plain request)
 _TICK: Final = Tick()
@@ -66,8 +63,9 @@ class Port(Protocol):
         process ends here, with the job's status.
         """
 
-    def heartbeat(self) -> None:
-        """The master: show that the job still runs (the checkpoint's lock)."""
+    def heartbeat(self) -> str:
+        """The master: show that the job still runs (the checkpoint's lock); return why the job no
+        longer holds the checkpoint (another job took its lock over), or "" while it does."""
 
     def write_checkpoint(self, ledger: Ledger, final: bool) -> str:
         """Write the ledger (``final``: synchronously); return an error text, or ""."""
@@ -115,7 +113,6 @@ class Loop:
         self.flushed_commits = 0
         self.final_written = False
         self.checkpoint_error = ""
-        self.watched_at = -1e300
         #: Seconds the user's loop has spent in the task it runs now (None: not known here), for Tick.
         self.running: Callable[[], float] | None = None
 
@@ -141,22 +138,23 @@ class Loop:
                     self.lost((e.rank,), "exited (found gone)")
             elif kind is Abandon:
                 assert isinstance(e, Abandon)
-                if e.rank == self.station.rank:
-                    st = self.station
-                    told = st.abandon_self(e.why)
-                    ledger = st.ledger
-                    if ledger is not None and not self.final_written:
-                        # The master gives itself up: what it committed goes to disk before its
-                        # deputy takes over from the checkpoint (every id committed since the
-                        # last write ran again: all of them, a second into a job).
-                        self.final_written = True
-                        self.checkpoint_error = port.write_checkpoint(ledger, True) or self.checkpoint_error
-                    port.retire(e.why, ledger if st.alone else None)
-                    self.perform(told)
-                else:
-                    port.log(f"rank {e.rank} {e.why}: given up (without fault tolerance it cannot be killed "
-                             f"alone); the job stops cleanly, the same command resumes")
-                    self.lost((e.rank,), f"given up: {e.why}")
+                st = self.station
+                ledger = st.ledger
+                if ledger is not None and not self.final_written:
+                    # The master gives itself up: what it committed goes to disk before its deputy
+                    # takes over from the checkpoint (every id committed since the last write ran
+                    # again: all of them, a second into a job).
+                    self.final_written = True
+                    self.checkpoint_error = port.write_checkpoint(ledger, True) or self.checkpoint_error
+                port.retire(e.why, ledger if st.alone else None)
+            elif kind is Watch:
+                assert isinstance(e, Watch)
+                gone = port.gone(list(e.ranks))
+                if gone:
+                    # What they sent before they went comes first: a master that released its deputy
+                    # and exited at once is not a master that died while releasing (its report stands).
+                    self.receive()
+                    self.lost(tuple(gone), "exited")
             elif kind is LoadCheckpoint:
                 ledger, error = port.load_checkpoint()
                 self.handle(CheckpointLoaded(ledger, error))
@@ -183,10 +181,6 @@ class Loop:
             return
         if final:
             self.final_written = True
-            if st.ft:
-                # Everything is committed: the deputy gets the last commits before anyone is
-                # released, so a master dying now leaves a complete ledger behind.
-                self.perform(st.mirror_out(force=True))
         error = self.port.write_checkpoint(ledger, final)
         if error:
             self.checkpoint_error = error
@@ -211,29 +205,13 @@ class Loop:
                 continue
             if isinstance(got[1], Gone):
                 port.declare_dead(got[1].ranks)
-            planner = self.station.planner
-            if timer is None or planner is None:
+            if timer is None or self.station.planner is None:
                 self.handle(Received(got[0], got[1]))
             else:
                 t0 = timer()
                 self.handle(Received(got[0], got[1]))
-                planner.on_service(timer() - t0)
+                self.handle(Served(timer() - t0))
         return n
-
-    def watch(self) -> None:
-        """Every :data:`WATCH_PERIOD`: watched ranks whose processes vanished are dead."""
-        now = self.station.clock()
-        if now - self.watched_at < WATCH_PERIOD:
-            return
-        self.watched_at = now
-        watched = self.station.watched()
-        if watched:
-            gone = self.port.gone(watched)
-            if gone:
-                # What they sent before they went comes first: a master that released its deputy
-                # and exited at once is not a master that died while releasing (its report stands).
-                self.receive()
-                self.lost(tuple(gone), "exited")
 
     def tick(self) -> None:
         """Time-driven work."""
@@ -245,9 +223,21 @@ class Loop:
         st = self.station
         if not isinstance(st.server, Master) or st.abandoned:
             return  # (a master that gave itself up: its deputy holds the lock and hears the operator now)
-        self.port.heartbeat()
+        lost = self.port.heartbeat()
+        if lost and not st.stopped:
+            # Another job writes the checkpoint now: this one stops cleanly (running tasks finish)
+            # and writes it no more (the port refuses), so the other job's progress is not lost.
+            self.checkpoint_error = lost
+            self.port.log(f"{lost}; stopping the job (tasks running now finish)")
+            self.handle(Stop("lock"))
         for request in self.port.requests():
-            self.handle(request)
+            try:
+                self.handle(request)
+            except Exception as exc:
+                # Operator input never ends the master (nor, read again, its successor): a request
+                # that raised anyway is answered, and the job goes on.
+                self.port.answer(request.token, {"error": f"the master could not act on this request: {exc!r}"})
+                self.port.log(f"an operator's request raised {exc!r}; answered with the error, the job goes on")
         if self.port.stop_requested() and not st.stopped:
             self._write(False)  # what is committed now, in case running tasks outlast the warning
             self.handle(Stop())
@@ -274,7 +264,6 @@ class Loop:
     def step(self) -> int:
         """One round of a server's loop: messages, time, the master's controls and checkpoint."""
         n = self.receive()
-        self.watch()
         self.tick()
         self.control()
         self.checkpoint()

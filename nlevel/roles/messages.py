@@ -298,12 +298,15 @@ class Release:
     """Master to every rank: the job is over. ``code``: the exit status the processes end with
     after failures; ``failed``: the ranks that died or were given up; ``report``: to the deputy
     only, before anyone is released (a master dying while it releases leaves the report behind);
-    ``pending``: the deputy is told, not yet released."""
+    ``pending``: the deputy is told, not yet released; ``error``: the checkpoint could not be
+    written (its error, the same text on every rank, which raises it), with ``errno`` (0: none)."""
 
     code: int
     failed: tuple[int, ...] = ()
     report: dict[str, Any] | None = None
     pending: bool = False
+    error: str = ""
+    errno: int = 0
 
 
 @dataclass(frozen=True, slots=True)

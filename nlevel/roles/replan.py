@@ -52,7 +52,7 @@ class Replanning(Failures):
         self.retire_server()
         self.plans.append(plan)
         out = (self.hierarchy.out | frozenset(self.drained)) - self.failed
-        self.lay_out(build(self.size, plan, self.failed, out))
+        self.lay_out(build(self.size, plan, self.failed, out, self.hierarchy.node_sizes))
         new = self.server
         assert isinstance(new, Master)
         new.queue, new.aside, new.stopped, new.high = queue, aside, stopped, old.high
@@ -94,7 +94,7 @@ class Replanning(Failures):
         self.plans.append(msg.plan)
         if self.rank in msg.out:
             self.drain_requested = True  # (its Drain came first; this holds whatever the order)
-        self.lay_out(build(self.size, msg.plan, self.failed, frozenset(msg.out)))
+        self.lay_out(build(self.size, msg.plan, self.failed, frozenset(msg.out), self.hierarchy.node_sizes))
         if old_parent is not None and old_parent not in self.failed:
             outs.append(Send(old_parent, Ack(msg.epoch)))
         future, self.future = self.future, []

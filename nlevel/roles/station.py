@@ -21,7 +21,7 @@ from ..ranges import RangeSet
 from .ending import Closing
 from .events import (
     Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Leave, Log, NeedIds, Overran,
-    Ran, Received, Send, Stop, Tick, UserError,
+    Ran, Received, Send, Served, Stop, Tick, UserError,
 )
 from .messages import (
     Ack, BoardOp, BoardReply, Drain, Ending, Gone, Halt, Heartbeat, Holding, KillRequest, Message, Mirror, Regroup,
@@ -80,6 +80,11 @@ class Station(Replanning, Closing, Watching):
         if kind is CheckpointLoaded:
             assert isinstance(event, CheckpointLoaded)
             return self.loaded(event)
+        if kind is Served:
+            assert isinstance(event, Served)
+            if self.planner is not None:
+                self.planner.on_service(event.seconds)
+            return []
         if kind is Overran:
             assert isinstance(event, Overran)
             return self.overran(event.task, event.seconds)
@@ -219,7 +224,7 @@ class Station(Replanning, Closing, Watching):
         outs += self.lease_kills()
         if self.ft:
             outs += self.mirror_out()
-        outs += self.heartbeats() + self.watch_master()
+        outs += self.heartbeats() + self.watch_master() + self.watch()
         outs += self.closing()
         return outs
 
@@ -315,29 +320,17 @@ class Station(Replanning, Closing, Watching):
                 ] + self.stop(f"an error in the program on rank {rank}")
 
     def drain(self, request: DrainRequest) -> list[Effect]:
-        """The master: take ranks out of the job (an operator's request); answer it."""
-        h = self.hierarchy
-        computing = [r for r in range(self.size) if h[r].computes and r not in self.drained and r not in self.failed]
+        """The master: take ranks out of the job (an operator's request); answer it.
+
+        Total: whatever the request holds, the answer is an :class:`Answer` (an error naming the
+        value when the request cannot be acted on), and nothing changes unless it is acted on.
+        """
         try:
-            if request.ranks is not None:
-                for r in request.ranks:
-                    if not 0 <= r < self.size:
-                        raise ValueError(f"rank {r} is not in this job (ranks 0..{self.size - 1})")
-                    if r in self.failed:
-                        raise ValueError(f"rank {r} has died already")
-                    if r in self.drained or not h[r].computes:
-                        raise ValueError(f"rank {r} is not running tasks (drained already, or a serve-only server)")
-                chosen = sorted(set(request.ranks))
-            else:
-                count = request.count if request.count is not None else 0
-                slaves = [r for r in computing if h[r].role.value == "slave"]
-                if count > len(slaves):
-                    raise ValueError(f"count {count} is more than the {len(slaves)} slaves still running tasks")
-                chosen = sorted(slaves[-count:]) if count else []
-            if len(set(computing) - set(chosen)) < 1:
-                raise ValueError(f"draining {chosen} would leave no rank running tasks")
+            chosen = self._drain_choice(request)
         except ValueError as exc:
             return [Answer(request.token, {"error": str(exc)})]
+        except Exception as exc:  # (operator input never raises here: whatever slipped through is refused)
+            return [Answer(request.token, {"error": f"cannot act on this request: {exc!r}"})]
         now = self.wall()
         outs: list[Effect] = []
         for r in chosen:
@@ -349,6 +342,44 @@ class Station(Replanning, Closing, Watching):
         outs.append(Answer(request.token, {"result": {"ranks": chosen}}))
         outs.append(Log(f"draining ranks {chosen} (operator request)"))
         return outs
+
+    def _drain_choice(self, request: DrainRequest) -> list[int]:
+        """The ranks a drain request takes out; ValueError naming the value when it cannot be acted on."""
+        if not isinstance(self.server, Master):
+            raise ValueError(f"rank {self.rank} is not the master")
+        h = self.hierarchy
+        computing = [r for r in range(self.size) if h[r].computes and r not in self.drained and r not in self.failed]
+        slaves = [r for r in computing if h[r].role.value == "slave"]
+        ranks, count = request.ranks, request.count
+        if (ranks is None) == (count is None):
+            raise ValueError("a drain request names ranks or a count, not both nor neither")
+        if ranks is not None:
+            if not isinstance(ranks, (tuple, list)) or not ranks:
+                raise ValueError(f"ranks must be a non-empty list of rank numbers, got {ranks!r}")
+            for r in ranks:
+                if isinstance(r, bool) or not isinstance(r, int):
+                    raise ValueError(f"ranks must be whole numbers, got {r!r} ({type(r).__name__})")
+                if not 0 <= r < self.size:
+                    raise ValueError(f"rank {r} is not in this job (ranks 0..{self.size - 1})")
+                if r in self.failed:
+                    raise ValueError(f"rank {r} has died already")
+                if r in self.drained:
+                    raise ValueError(f"rank {r} is drained already")
+                if not h[r].computes:
+                    raise ValueError(f"rank {r} runs no tasks (a serve-only server)")
+            if len(set(ranks)) != len(ranks):
+                raise ValueError(f"ranks names a rank twice: {list(ranks)}")
+            chosen = sorted(ranks)
+        else:
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"count must be a whole number >= 1, got {count!r}")
+            if count >= len(slaves):
+                raise ValueError(f"count {count} must be less than the {len(slaves)} slaves still running tasks "
+                                 f"(at least one stays)")
+            chosen = sorted(slaves[-count:])
+        if not set(computing) - set(chosen):
+            raise ValueError(f"draining {chosen} would leave no rank running tasks")
+        return chosen
 
     @property
     def is_master(self) -> bool:

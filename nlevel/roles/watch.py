@@ -30,17 +30,19 @@ from __future__ import annotations
 
 from ..model.hierarchy import Hierarchy, Role
 from .core import StationCore
-from .events import Abandon, Effect, Kill, Send
+from .events import Abandon, Effect, Kill, Send, Watch
 from .master import Master
 from .messages import FailureRecord, Gone, Heartbeat, TimedOut
 from .recovery import deputy
 
-__all__ = ["Watching", "WATCHERS", "BEATS", "beat_period", "watchers"]
+__all__ = ["Watching", "WATCHERS", "BEATS", "WATCH_PERIOD", "beat_period", "watchers"]
 
 #: How many ranks watch the master (the deputy first; the second judges after two leases).
 WATCHERS = 2
 #: Beats per lease: a rank is taken for hung only after this many beats in a row went missing.
 BEATS = 5
+#: Seconds between two looks at whether watched processes still exist (see :meth:`Watching.watch`).
+WATCH_PERIOD = 0.05
 
 
 def beat_period(lease: float) -> float:
@@ -114,7 +116,12 @@ class Watching(StationCore):
         if self.watching != h.master:
             self.watching = h.master  # a new master (or a new watcher): its lease starts now
             self.master_heard = now
+            self.watched_at = now
             return []
+        if now - self.watched_at > self.config.lease / 2:
+            # (this rank did not run for half a lease: the master's beats may be waiting to be read)
+            self.master_heard = max(self.master_heard, now - self.config.lease / 2)
+        self.watched_at = now
         lease = self.config.lease
         if self.rank != deputy(h):
             lease *= 2  # (the deputy judges first; this one only when the deputy cannot)
@@ -136,6 +143,16 @@ class Watching(StationCore):
             out.append(self.watching)
         return out
 
+    def watch(self) -> list[Effect]:
+        """Every :data:`WATCH_PERIOD`: have the runtime look whether the watched processes still exist
+        (a process that exited is never reported by MPI; one found gone comes back as a death)."""
+        now = self.clock()
+        if now - self.looked_at < WATCH_PERIOD:
+            return []
+        self.looked_at = now
+        watched = self.watched()
+        return [Watch(tuple(watched))] if watched else []
+
     # -- leases and time limits ---------------------------------------------------------------
     def lease_kills(self) -> list[Effect]:
         """Children silent for a lease and survivors that do not answer a reconciler within one: kill them.
@@ -149,9 +166,17 @@ class Watching(StationCore):
         now = self.clock()
         # Looking ten times per lease finds a silent child at most 10 % late, instead of scanning
         # every child on every tick.
-        if now - self.leases_checked < lease / 10:
+        gap = now - self.leases_checked
+        if gap < lease / 10:
             return []
         self.leases_checked = now
+        if lease / 2 < gap < 1e300:
+            # This rank itself did not run for half a lease (a loaded machine, a swap storm): what it
+            # has not heard meanwhile may be waiting for it. Every child gets a whole lease from now.
+            for child in d.children.values():
+                child.heard = max(child.heard, now - lease / 2)
+            if self.recon is not None:
+                self.recon.started = max(self.recon.started, now - lease / 2)
         late = [(r, "was silent for a lease (hung: stopped, or its task holds the GIL)")
                 for r in d.overdue(now, lease)]
         recon = self.recon
@@ -186,7 +211,11 @@ class Watching(StationCore):
         if isinstance(self.server, Master) and (successor is None or not self.ft):
             outs += self.note_timeout(self.rank, ids)
         # (the last rank is given up even under fault tolerance: killed, nobody would end the job)
-        outs.append(Kill(self.rank, why) if self.ft and not self.alone else Abandon(self.rank, why))
+        if self.ft and not self.alone:
+            outs.append(Kill(self.rank, why))
+        else:
+            outs.append(Abandon(self.rank, why))  # (the runtime writes the ledger first: then the notices)
+            outs += self.abandon_self(why)
         return outs
 
     def note_timeout(self, rank: int, ids: tuple[tuple[int, int], ...]) -> list[Effect]:

@@ -43,10 +43,12 @@ import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
+
+if TYPE_CHECKING:  # (numpy.typing at run time cost a farm's first call 2 ms)
+    import numpy.typing as npt
 
 from nlevel.errors import CheckpointError
 from nlevel.runtime.identity import covers, differences, fingerprint, identity_error, start_over
@@ -54,7 +56,7 @@ from nlevel.roles.ledger import Ledger
 from nlevel.roles.messages import TaskFailure
 
 __all__ = ["FORMAT_VERSION", "RunMeta", "Snapshot", "covers", "differences", "fingerprint", "h5", "load", "read",
-           "resume", "start_over", "write", "Writer"]  # (covers .. start_over: from nlevel.runtime.identity)
+           "resume", "start_over", "write", "write_error", "Writer"]  # (covers .. start_over: from nlevel.runtime.identity)
 
 FORMAT_VERSION = 1
 
@@ -363,8 +365,8 @@ def _previous_created(path: Path, meta: RunMeta) -> str | None:
         with h5().File(path, "r") as f:
             a = dict(f.attrs)
     except Exception as e:
-        raise CheckpointError(f"refusing to replace {path}: it is not a readable nlevel "
-                              f"checkpoint ({type(e).__name__}: {e})") from e
+        raise CheckpointError(f"refusing to replace {path}: it is not a readable nlevel checkpoint ({_why(e)})",
+                              path=str(path), errno=getattr(e, "errno", None) or None) from None
     if _ROOT_MARK not in a or str(a.get("fingerprint")) != meta.fingerprint:
         raise CheckpointError(f"refusing to replace {path}: it is not a checkpoint of this run "
                               f"(fingerprint {a.get('fingerprint')}, expected {meta.fingerprint})")
@@ -374,8 +376,18 @@ def _previous_created(path: Path, meta: RunMeta) -> str | None:
 def _why(e: BaseException) -> str:
     """An error in one short line (h5py's OSError spans lines, naming buffers and offsets)."""
     if isinstance(e, OSError) and e.errno:
-        return f"{type(e).__name__}: [Errno {e.errno}] {os.strerror(e.errno)}"
+        return f"{os.strerror(e.errno)} (errno {e.errno})"
     return " ".join(f"{type(e).__name__}: {e}".split())
+
+
+def write_error(path: str | os.PathLike[str], e: BaseException) -> CheckpointError:
+    """The one error a failed write of checkpoint ``path`` raises: the file, the cause in a few words, its errno
+    (a :class:`CheckpointError` already: the same, new, to be raised anew without its traceback)."""
+    if isinstance(e, CheckpointError):
+        return e.again()
+    n = e.errno if isinstance(e, OSError) and e.errno else None
+    return CheckpointError(f"cannot write checkpoint {os.fspath(path)}: {_why(e)}; the previous checkpoint, if any, "
+                           f"is intact", path=os.fspath(path), errno=n)
 
 
 def write(path: str | os.PathLike[str], meta: RunMeta, snap: Snapshot) -> None:
@@ -420,13 +432,13 @@ def write(path: str | os.PathLike[str], meta: RunMeta, snap: Snapshot) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(e, Exception):
-            raise CheckpointError(f"cannot write checkpoint {p} ({_why(e)}); "
-                                  f"the previous checkpoint, if any, is intact") from e
+            raise write_error(p, e) from None  # (h5py's chained internals say nothing more)
         raise
     try:
         _fsync(p.parent)  # makes the rename itself durable
     except OSError as e:
-        raise CheckpointError(f"wrote checkpoint {p} but cannot fsync its directory: {e}") from e
+        raise CheckpointError(f"wrote checkpoint {p} but cannot fsync its directory: {_why(e)}", path=str(p),
+                              errno=e.errno or None) from None
 
 
 class Writer:
@@ -491,6 +503,15 @@ class Writer:
         if self._error is not None:
             raise self._error
 
+    def discard(self) -> None:
+        """Drop any snapshot not yet written and stop the thread (the checkpoint is not this job's any more);
+        a write under way finishes. Later :meth:`submit` and :meth:`close` calls raise or do nothing."""
+        with self._cond:
+            self._pending = None
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -507,9 +528,7 @@ class Writer:
             write(self._path, self._meta, snap)
             size = self._path.stat().st_size
         except Exception as e:
-            err = e if isinstance(e, CheckpointError) else CheckpointError(
-                f"cannot write checkpoint {self._path} ({_why(e)})")
-            self._error = err
+            self._error = write_error(self._path, e)
             self.failures += 1
             return
         self._error = None

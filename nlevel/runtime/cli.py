@@ -222,10 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = 2
             if rank == 0:
                 print(f"nlevel: error: {_say(exc)}", file=sys.stderr, flush=True)
-        else:  # the run happened but its end failed (e.g. the last checkpoint write)
+        else:  # the run happened but its end failed (the last checkpoint write): raised on every rank alike
             status = 1
-            told = isinstance(exc, CheckpointError) and (farm.report or {}).get("stopped") == "checkpoint"
-            if not told:  # (a failed write that stopped the job was said once, when it happened)
+            # Said once: by the master (the rank with the report), unless a failed write stopped the
+            # job and was said when it happened.
+            told = isinstance(exc, CheckpointError) and (farm.report or {}).get("stopped") in ("checkpoint", "lock")
+            if farm.report is not None and not told:
                 print(f"nlevel: error: {_say(exc)}", file=sys.stderr, flush=True)
     except (ValueError, RuntimeError) as exc:
         if farm is None or exc is not farm._misuse:

@@ -20,25 +20,26 @@ from __future__ import annotations
 import os
 import sys
 import time
-import uuid
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .._version import __version__
 from ..config import Config
-from ..errors import ConfigError, NlevelError
-from ..model.hierarchy import Hierarchy, build
+from ..errors import ConfigError, NlevelError, PlanError
+from ..model.hierarchy import Hierarchy, build, check_nodes, fit_nodes, nodes_of
 from ..roles.events import Ran
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.station import Station
-from . import checkpoint as ckpt
 from . import control, machine, signals, window
 from .backoff import Backoff
 from .identity import identity
-from .rank import MpiPort, Runner, clock
+from .rank import MpiPort, Runner, clock, prepare_takeover
 from .startwatch import mark, start_records
 from .report import build_report, failed_lines, failed_tasks, ledger_status, merge_stats, station_facts
 from .transport import MpiError, Transport, agree, kill_self, revoke, setup_recovery, shrink, user_ranks, world
+
+if TYPE_CHECKING:  # (imported by a farm that has a checkpoint: numpy and h5py come with it)
+    from . import checkpoint as ckpt
 
 __all__ = ["FarmRuntime"]
 
@@ -203,12 +204,41 @@ class FarmRuntime:
                 raise failure
             raise value
         cfg, plan, path, meta, total0, lock_token, self.costs_from, self.job = value
+        # Where the ranks run (every rank saw the same rows: every rank decides the same): regions
+        # follow the nodes, so claims stay inside a node (see nlevel.model.hierarchy).
+        nodes = nodes_of([place[0] for place in t.places]) if not cfg.split_nodes else ()
+        self.nodes_note = ""
+        if nodes is None:
+            self.nodes_note = ("the ranks of a node are not contiguous (mpiexec --map-by slot keeps them so): "
+                               "regions follow ranks, not nodes")
+            nodes = ()
+        if nodes:
+            if cfg.regions and not cfg.auto:
+                try:
+                    check_nodes(self.size, plan, nodes)
+                except PlanError as exc:
+                    if boards is not None:
+                        boards.close(collective=not window_failed)
+                    raise ConfigError(str(exc)) from None
+            else:
+                plan = fit_nodes(self.size, plan, nodes)
+            early = self._early
+            if early is not None and [n for n in early[0].hierarchy.nodes] != build(
+                    self.size, plan, node_sizes=nodes).nodes:
+                # Stocked for a layout without the nodes (a plan of regions): what it published is
+                # taken back before anyone claims (claims start after this exchange), or a claimer
+                # would find those ranges beside the new station's and run them twice.
+                server = early[0].server
+                if server is not None:
+                    server.close_boards(0, clock())
+                self._early = None
         self.plan, self._lock_token = plan, lock_token
         self.config: Config = cfg
         self.checkpoint: str | None = path
         self.meta: ckpt.RunMeta | None = meta
         self.total = total0
-        self.hierarchy: Hierarchy = self._early[0].hierarchy if self._early is not None else build(self.size, plan)
+        self.hierarchy: Hierarchy = self._early[0].hierarchy if self._early is not None else build(
+            self.size, plan, node_sizes=nodes)
         t.poll_max = cfg.poll_max
         h = self.hierarchy
         threads = [r for r, row in enumerate(rows) if row[1] and h[r].children and h[r].computes]
@@ -248,7 +278,7 @@ class FarmRuntime:
         if cfg.ft:
             t.enable_ft()  # from here on a dead rank is an event, not an error
         ledger = self._ledger if self.rank == 0 else None
-        hosts = tuple(h for h, _ in t.places)
+        hosts = tuple(p[0] for p in t.places)
         early, self._early = self._early, None
         if early is not None and early[0].boards is self.boards:
             self.station = early[0]  # (stocked before the exchange)
@@ -270,7 +300,8 @@ class FarmRuntime:
                              pulse=t.thread_multiple)
         self.loop.running = self.runner.task_running
         if self.rank == 0 or cfg.ft:  # (the master, or a rank that may become master)
-            self.runner.after_step, self.runner.prepare_takeover = self._release_when_ended, ckpt.h5 if path else None
+            self.runner.after_step = self._release_when_ended
+            self.runner.prepare_takeover = prepare_takeover if path else None
         self.progress: Any = None
         self.recorder: Any = None
         if self.rank == 0 and cfg.progress:
@@ -286,6 +317,8 @@ class FarmRuntime:
             self.recorder.start()
         if self.grants_note and self.rank == 0:
             sys.stderr.write(f"nlevel: {self.grants_note}\n")
+        if self.nodes_note and self.rank == 0:
+            sys.stderr.write(f"nlevel: {self.nodes_note}\n")
         if not t.thread_multiple and self.size > 1 and self.station.worker is not None:
             sys.stderr.write(f"nlevel: rank {self.rank}: this MPI does not provide MPI_THREAD_MULTIPLE: the rank beats "
                              f"only between tasks, so a task longer than --lease ({cfg.lease:g} s) looks hung; "
@@ -339,14 +372,15 @@ class FarmRuntime:
             sys.stderr.write(f"nlevel: warning: {note}\n")
         plan = config.plan(self.size)
         path = os.fspath(checkpoint) if checkpoint is not None else None
-        snap = ckpt.Snapshot.empty()
         meta = None
         app, params = identity(fingerprint)  # (checked with or without a checkpoint)
         token = None
+        self._ledger = Ledger(total, width=self.width)
         if path is not None:
-            # First of all, before --fresh moves the old file aside: one checkpoint, one job.
+            from . import checkpoint as ckpt
             from .lock import Lock
 
+            # First of all, before --fresh moves the old file aside: one checkpoint, one job.
             self.lock = Lock.acquire(path)
             token = self.lock.holder.token
             if self.result_fields is not None:
@@ -359,14 +393,14 @@ class FarmRuntime:
                                  f"this run counts only {source}, so the rest does not block a resume\n")
             self.writer = ckpt.Writer(path, meta)
             os.makedirs(control.control_dir(path), exist_ok=True)  # operators' requests (python -m nlevel.drain)
-        self._ledger = snap.ledger(total, self.width)
+            self._ledger = snap.ledger(total, self.width)
         if self.retry_failed:
             again = self._ledger.retry_failed()
             shown = ", ".join(map(str, again[:20])) + (f" ... ({len(again)} in all)" if len(again) > 20 else "")
             sys.stderr.write(f"nlevel: retrying {len(again)} failed task(s) recorded in {path}: {shown}\n"
                              if again else f"nlevel: --retry-failed: {path or 'no checkpoint'} records no failed "
                              f"task; running what is not done\n")
-        return config, plan, path, meta, total, token, costs_from, uuid.uuid4().hex  # (the last: this job's id)
+        return config, plan, path, meta, total, token, costs_from, os.urandom(16).hex()  # (the last: this job's id)
 
     def _boards(self, cfg: Config, boards: window.WindowBoards | None, window_failed: bool, self_test: str,
                 slots: tuple[int, int]) -> tuple[Any, str]:
@@ -375,14 +409,14 @@ class FarmRuntime:
         if cfg.grants == "two-sided":
             return window.MessageBoards(t, self.rank, slots, cfg.poll_max, lambda: t.failed), \
                 "grants are two-sided (--grants two-sided): every claim is a message to the parent's server"
-        if not window_failed and not self_test and boards is not None:
+        spread = window.cross_node_problem(cfg.ft, (place[0] for place in t.places))  # (alike on every rank)
+        if not window_failed and not self_test and not spread and boards is not None:
             return boards, ""
-        problem = "" if window_failed else self_test
         if boards is not None:
             boards.close(collective=not window_failed)  # (a rank whose allocation failed has no window to free)
+        problem = ("" if window_failed else self_test or spread) or "see the message above"
         return window.MessageBoards(t, self.rank, slots, cfg.poll_max, lambda: t.failed), \
-            f"one-sided operations do not work here ({problem or 'see the message above'}); falling back to " \
-            f"two-sided grants (messages to each server)"
+            f"one-sided operations do not work here ({problem}); falling back to two-sided grants (messages to each server)"
 
     def _model(self) -> dict[str, Any]:
         from .progress import model_state
@@ -409,11 +443,6 @@ class FarmRuntime:
         """The master's ledger (None on other ranks)."""
         return self.station.ledger if self.station.is_master else None
 
-    @property
-    def drained(self) -> bool:
-        """Whether an operator took this rank out of the job."""
-        return self.station.drain_requested
-
     # -- the end ------------------------------------------------------------------------------
     def end(self) -> None:
         """This rank's loop is over: serve until the job is, then the collective end and the report."""
@@ -435,7 +464,7 @@ class FarmRuntime:
         released = st.released
         assert released is not None
         self.failed = tuple(released.failed)
-        signals.quiet()  # the job is over here: a late SIGUSR1 must not kill the process while it ends
+        signals.reset()  # the job is over here: its stop request (if any) is not the next farm's
         if t.ft or self.failed:
             # No collective from here: a rank that exited unseen (or one given up, stuck in its
             # task) would hang it. Every process ends with os._exit (MPI_Finalize may hang after
@@ -478,8 +507,8 @@ class FarmRuntime:
             self.port.lock.release()
         if not self.hold_deputy:
             self.release_deputy()
-        if error is not None:
-            raise error if isinstance(error, NlevelError) else ckpt.CheckpointError(str(error))
+        if (error := error or st.release_error(self.checkpoint)) is not None:  # (the master's, told with the release)
+            raise ckpt.write_error(self.checkpoint or "", error) from None  # (new: no chain, no writer's traceback)
 
     def release_deputy(self) -> None:
         """The master (or the successor that finished its release), its report written: send the
@@ -550,10 +579,10 @@ class FarmRuntime:
             error = self.port.checkpoint_error
         complete = ledger.complete()
         failed = failed_tasks(ledger, self.config.task_output)
-        sys.stderr.write(failed_lines(failed))
+        sys.stderr.write(failed_lines(failed, len(ledger.failed)))
         sys.stderr.flush()
         code = ledger_status(ledger, stopped=st.stopped, error=error is not None or bool(st.user_errors))
-        self.loop.perform(st.release(code, {"complete": complete, "failed": failed}))
+        self.loop.perform(st.release(code, {"complete": complete, "failed": failed}, error))
         self._released_all, self._closing, self.released_at = True, error, time.time()
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:

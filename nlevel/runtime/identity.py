@@ -9,7 +9,6 @@ resume. Pure Python: no files, no MPI.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -31,6 +30,8 @@ def fingerprint(app: str, params: dict[str, Any]) -> tuple[str, str]:
     Returns:
         ``(sha256 hex, source)``, source being the canonical JSON (sorted keys) that was hashed.
     """
+    import hashlib  # (only a farm with a checkpoint hashes its identity)
+
     source = json.dumps({"app": app, "params": params}, sort_keys=True, default=str)
     return hashlib.sha256(source.encode()).hexdigest(), source
 

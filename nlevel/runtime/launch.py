@@ -19,9 +19,12 @@ The wrapper turns that policy off (``PRTE_MCA_state_base_error_non_zero_exit=0``
 then returns 0 whatever the ranks' statuses, so each nlevel process that ends with a non-zero
 status writes it to a file in ``$NLEVEL_EXIT_DIR`` (:func:`record_exit`), and the wrapper exits
 with the largest of them. A process that died on its own (a task's ``os._exit``, a signal)
-writes nothing: the job's status is the one the survivors agreed on. On one node (where the
-start is watched), when no process of nlevel's was released at the end or ended leaving a
-status (:func:`never_released`), every one died: the wrapper exits with 1.
+writes nothing: the job's status is the one the survivors agreed on. When no process of
+nlevel's was released at the end or ended leaving a status (:func:`never_released`), every
+one died, or the runtime ended the job (a lost node's daemon: PRRTE then tears the job down
+and mpiexec returns 0): the wrapper exits with 1. On several nodes the statuses and markers
+come from the processes that share this node's files (``-x`` passes the directories' names
+on; the first node's, where rank 0 runs when mpiexec runs there).
 
 Under ``--with-ft`` on one node it also watches the start (:mod:`.startwatch`): a process that
 dies before MPI is up leaves the others waiting in ``MPI_Init`` for ever, and nothing has run
@@ -93,9 +96,9 @@ def _worst_recorded(where: str) -> int:
 # mpiexec options that take a value (so the command's start can be found).
 _WITH_VALUE = {
     "-n", "-np", "--np", "-c", "--n", "--with-ft", "--map-by", "--bind-to", "--rank-by", "-x",
-    "--host", "-H", "--hostfile", "--machinefile", "--output", "--pmixmca", "--prtemca", "--wdir", "--timeout",
+    "--host", "-H", "--hostfile", "--machinefile", "--output", "--wdir", "--timeout",
 }
-_WITH_TWO_VALUES = {"--mca", "-mca", "--gmca"}
+_WITH_TWO_VALUES = {"--mca", "-mca", "--gmca", "--prtemca", "--pmixmca"}
 _HOSTS = {"--host", "-H", "--hostfile", "--machinefile"}
 
 
@@ -179,6 +182,10 @@ def build_command(
                 extra += ["--bind-to", "none"]
         if "--with-ft" in opts and _NON_ZERO not in os.environ:
             env[_NON_ZERO] = "0"  # a process that exits non-zero is a failure to survive, not the job's end
+        if "--with-ft" in opts and not one_node(opts):
+            # ssh-launched daemons pass none of this environment on: the ranks on other nodes
+            # need the directories' names (they write there when they share its file system).
+            extra += ["-x", EXIT_DIR, "-x", START_DIR]
         if one_node(opts) and "OMPI_MCA_osc" not in os.environ:
             # On one node the shared-memory window (osc/sm) serves every one-sided operation;
             # the wheel's UCX component finds no network device and prints an error per rank.
@@ -289,25 +296,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     where = tempfile.mkdtemp(prefix="nlevel-exit-")
     full_env[EXIT_DIR] = where
+    # One node: the start is watched through /proc. Several nodes: the markers are still left
+    # (by the ranks that share this node's files), to tell a job that ended from one the runtime
+    # tore down: mpiexec under --with-ft returns 0 after losing a node's daemon too.
     watching = one_node(_split(args)[0]) and os.path.isdir("/proc")
+    marking = watching or not one_node(_split(args)[0])
     failures: list[dict[str, object]] = []  # (every attempt's, passed on to the next)
     try:
         for attempt in range(1, retries + 2):
             start_dir = None
-            if watching:
+            if marking:
                 start_dir = os.path.join(where, f"start-{attempt}")
                 os.mkdir(start_dir)
                 full_env[START_DIR] = start_dir
             if failures:
                 full_env[FAILURES] = json.dumps(failures)
-            code, verdict = _run_forwarding_signals(cmd, full_env, start_dir, where)
+            code, verdict = _run_forwarding_signals(cmd, full_env, start_dir if watching else None, where)
             if verdict is None:
                 if code:
                     return code
                 if start_dir is not None and never_released(start_dir, where):
-                    print("nlevel-mpiexec: every process of the job ended before the job did (killed, crashed or "
-                          "exited on its own: the output above says how), and mpiexec under --with-ft returns 0 "
-                          "whatever they did: exit status 1", file=sys.stderr, flush=True)
+                    print("nlevel-mpiexec: every process of the job ended before the job did (killed, crashed, "
+                          "exited on its own, or ended by the runtime after it lost a node: the output above says "
+                          "how), and mpiexec under --with-ft returns 0 whatever they did: exit status 1",
+                          file=sys.stderr, flush=True)
                     return 1
                 return _worst_recorded(where)
             if verdict.how == "exited":

@@ -9,10 +9,18 @@ names this job's lock) that:
   and it holds on local file systems, on NFS version 3 and later (exclusive create is part
   of the protocol; NFSv2 had no such guarantee) and on Lustre and GPFS. No ``flock`` or
   ``fcntl`` lock is used: those are not reliable across NFS clients;
-* is **refreshed** by the master's heartbeat (:meth:`Lock.beat`, every
-  :data:`HEARTBEAT_S` seconds at most), by writing a temporary file and ``os.replace``-ing
-  it over the lock, so a reader never sees half a file;
+* is **refreshed** by the master's heartbeat (:meth:`Lock.beat`, every :data:`HEARTBEAT_S`
+  seconds at most), which sets the file's modification time (``futimens`` on the file it
+  opened and found its job's token in: never a file another job put in its place, and
+  never a write of the name, which could replace another job's lock), then checks that
+  the name still leads to that file. The heartbeat a reader sees is the later of the
+  file's ``heartbeat`` field and its modification time;
 * is **removed** at a clean end (:meth:`Lock.release`), and kept when the job dies.
+
+A lock taken over by another job (its heartbeat had stopped long enough, see below) is
+lost for good: :meth:`Lock.beat` returns why, and the job stops cleanly without writing the
+checkpoint again. A take-over moves the lock aside (``rename``, atomic) and looks again at
+what it moved: a lock whose heartbeat came back meanwhile is put back.
 
 A second job on the same checkpoint is refused at once (:class:`LockHeld`, one line naming
 the file and the holder). A lock left by a job that no longer runs is taken over with one
@@ -33,15 +41,15 @@ from __future__ import annotations
 import errno
 import json
 import os
-import socket
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 from ..errors import CheckpointError
+from . import pids
+from .machine import hostname
 
 __all__ = ["HEARTBEAT_S", "STALE_FACTOR", "Holder", "Lock", "LockHeld", "ForeignLock", "lock_path", "job_id",
            "read_holder", "adopt"]
@@ -81,37 +89,8 @@ def _iso(t: float | None) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host (another user's counts; a zombie does not).
-
-    A job killed as a whole leaves its ranks as zombies until someone reaps them, and in a
-    container whose init does not reap, that can be for ever: ``kill(pid, 0)`` still succeeds.
-    """
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: it exists
-    return _pid_state(pid) not in ("Z", "X")
-
-
-def _pid_state(pid: int) -> str | None:
-    """The process's state letter from /proc (Linux; None where unknown)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def _pid_started(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+pid_alive = pids.alive  # (a process of this host: alive, not a zombie)
+_pid_started = pids.started  # (its start time: tells a reused pid apart)
 
 
 @dataclass(frozen=True)
@@ -152,6 +131,9 @@ class Holder:
 def read_holder(path: str) -> Holder | None:
     """The holder named by lock file ``path``; None when there is no such file.
 
+    Its heartbeat is the later of the file's ``heartbeat`` field and its modification time
+    (what :meth:`Lock.beat` refreshes).
+
     Raises:
         ForeignLock: the file is not an nlevel lock (naming the file and why).
     """
@@ -160,25 +142,30 @@ def read_holder(path: str) -> Holder | None:
         try:
             with open(path, "rb") as f:
                 raw = f.read(65536)
+                mtime = os.fstat(f.fileno()).st_mtime
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise ForeignLock(f"cannot read the lock file {path} ({exc}); nothing was deleted") from exc
+            raise ForeignLock(f"cannot read the lock file {path} ({exc}); nothing was deleted") from None
         if raw or time.monotonic() >= deadline:
             break
         time.sleep(0.05)  # created (O_EXCL) but not yet written by its job
+    return _holder(path, raw, mtime)
+
+
+def _holder(path: str, raw: bytes, mtime: float) -> Holder:
     try:
         d = json.loads(raw)
         if not isinstance(d, dict) or d.get("format") != _MAGIC:
             raise ValueError("no 'format': 'nlevel-lock'")
         ps = d.get("pid_started")
         return Holder(host=str(d["host"]), pid=int(d["pid"]), job_id=None if d.get("job_id") is None else str(d["job_id"]),
-                      started=float(d["started"]), heartbeat=float(d["heartbeat"]),
+                      started=float(d["started"]), heartbeat=max(float(d["heartbeat"]), mtime),
                       interval=float(d["heartbeat_interval"]), token=str(d["token"]),
                       pid_started=None if ps is None else int(ps))
     except (ValueError, KeyError, TypeError) as exc:
         raise ForeignLock(f"{path} exists and is not an nlevel lock file ({exc if raw else 'it is empty'}); "
-                          f"nlevel will not touch it: remove it if no job uses the checkpoint") from exc
+                          f"nlevel will not touch it: remove it if no job uses the checkpoint") from None
 
 
 def stale(h: Holder, *, now: float, host: str, alive: Callable[[int], bool] = pid_alive,
@@ -250,12 +237,12 @@ class Lock:
         """
         path = lock_path(checkpoint)
         log = log or _stderr
-        host = host if host is not None else socket.gethostname()
+        host = host if host is not None else hostname()
         pid = pid if pid is not None else os.getpid()
         job = job if job is not None else job_id()
         for _ in range(5):
             now = clock()
-            me = Holder(host, pid, job, now, now, float(interval), uuid.uuid4().hex, started_of(pid))
+            me = Holder(host, pid, job, now, now, float(interval), os.urandom(16).hex(), started_of(pid))
             if _create(path, me):
                 return cls(path, me, clock=clock, log=log)
             old = read_holder(path)
@@ -266,34 +253,35 @@ class Lock:
                 beat = f", heartbeat {max(0.0, clock() - old.heartbeat):.0f} s ago" if old.host != host else ""
                 raise LockHeld(f"checkpoint {os.fspath(checkpoint)} is in use by another job ({old.describe()}{beat}; "
                                f"lock file {path}); wait for it to end or use another checkpoint")
-            if _remove_if_same(path, old):
+            if _remove_if_same(path, old, lambda h: stale(h, now=clock(), host=host, alive=alive, started_of=started_of,
+                                                          stale_factor=stale_factor) is not None):
                 log(f"nlevel: taking over the lock {path} left by a job that no longer runs "
                     f"({old.describe()}: {why})")
         raise CheckpointError(f"cannot take the lock {path}: other jobs keep creating and removing it")
 
-    def beat(self, force: bool = False) -> None:
-        """Refresh the heartbeat (at most once per interval unless ``force``); never raises."""
-        if self.released or self.lost is not None:
-            return
+    def beat(self, force: bool = False) -> str | None:
+        """Refresh the heartbeat (at most once per interval unless ``force``); never raises.
+
+        Returns:
+            None while the lock is this job's; once it is not (removed, or another job took it
+            over), why, for good.
+        """
+        if self.released:
+            return None
+        if self.lost is not None:
+            return self.lost
         now = self.clock()
         if not force and now - self.holder.heartbeat < self.holder.interval:
-            return
-        try:
-            current = read_holder(self.path)
-        except CheckpointError as exc:
-            current, why = None, str(exc)
+            return None
+        lost, trouble = _touch(self.path, self.holder.token, now)
+        if lost:
+            self.lost = lost  # (the caller says it, and stops the job)
+            return lost
+        if trouble:  # (a read-only remount, a server that does not answer: the next beat tries again)
+            self.log(f"nlevel: cannot refresh the lock {self.path} ({trouble})")
         else:
-            why = "" if current is None else f"it now names {current.describe()}"
-        if current is None or current.token != self.holder.token:
-            self.lost = why or "the file was removed"
-            self.log(f"nlevel: the lock {self.path} is no longer this job's ({self.lost}); "
-                     f"another job may be writing the same checkpoint")
-            return
-        self.holder = _replace_holder(self.holder, heartbeat=now)
-        try:
-            _write_replace(self.path, self.holder)
-        except OSError as exc:  # a full or read-only disk must not stop the job; the next beat tries again
-            self.log(f"nlevel: cannot refresh the lock {self.path} ({exc})")
+            self.holder = _replace_holder(self.holder, heartbeat=now)
+        return None
 
     def release(self) -> None:
         """Remove the lock file if it is still this job's (a clean end)."""
@@ -321,7 +309,7 @@ def adopt(checkpoint: str | os.PathLike[str], token: str, *, host: str | None = 
     """
     path = lock_path(checkpoint)
     log = log or _stderr
-    host = host if host is not None else socket.gethostname()
+    host = host if host is not None else hostname()
     pid = pid if pid is not None else os.getpid()
     try:
         old = read_holder(path)
@@ -338,13 +326,37 @@ def adopt(checkpoint: str | os.PathLike[str], token: str, *, host: str | None = 
     if old.token != token:
         log(f"nlevel: new master: the lock {path} names another job ({old.describe()}); not taking it")
         return None
+    # Rename it aside (atomic: a job taking it over at once moves it, or finds it moved), check
+    # what was moved, then create the new one exclusively: never a write over another job's lock.
     me = _replace_holder(old, host=host, pid=pid, heartbeat=now, pid_started=_pid_started(pid))
-    lock = Lock(path, me, clock=clock, log=log)
+    aside = f"{path}.adopt-{hostname()}-{os.getpid()}"
     try:
-        _write_replace(path, me)
+        os.rename(path, aside)
     except OSError as exc:
-        log(f"nlevel: new master: cannot rewrite the lock {path} ({exc})")
-    return lock
+        log(f"nlevel: new master: cannot take the lock {path} over ({exc.strerror or exc})")
+        return None
+    try:
+        moved = read_holder(aside)
+    except CheckpointError:
+        moved = None
+    if moved is None or moved.token != token:
+        _put_back(aside, path)
+        log(f"nlevel: new master: the lock {path} was taken over by another job meanwhile; not taking it")
+        return None
+    try:
+        created = _create(path, me)
+    except CheckpointError as exc:
+        _put_back(aside, path)
+        log(f"nlevel: new master: {exc}")
+        return None
+    try:
+        os.unlink(aside)
+    except OSError:
+        pass
+    if not created:
+        log(f"nlevel: new master: the lock {path} was created by another job meanwhile")
+        return None
+    return Lock(path, me, clock=clock, log=log)
 
 
 def _replace_holder(h: Holder, **changes: Any) -> Holder:
@@ -366,6 +378,7 @@ def _create(path: str, h: Holder) -> bool:
                               f"the checkpoint's directory must be writable") from exc
     try:
         os.write(fd, _payload(h))
+        os.utime(fd, (h.heartbeat, h.heartbeat))  # (the heartbeat lives in the file's time from now on)
         os.fsync(fd)
     except OSError as exc:  # (a full file system: an empty lock would read as foreign to the next job)
         os.close(fd)
@@ -379,23 +392,71 @@ def _create(path: str, h: Holder) -> bool:
     return True
 
 
-def _write_replace(path: str, h: Holder) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(_payload(h))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _touch(path: str, token: str, now: float) -> tuple[str, str]:
+    """The heartbeat: set the lock's modification time to ``now``, if it is still ``token``'s.
+
+    Returns ``(lost, trouble)``: why the lock is no longer the job's ("" while it is), and an
+    error that left it unrefreshed this time ("" when it was refreshed).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return "the file was removed", ""
+    except OSError as exc:
+        return "", exc.strerror or str(exc)
+    try:
+        try:
+            raw = os.read(fd, 65536)
+            mine = os.fstat(fd)
+            held = _holder(path, raw, mine.st_mtime)
+        except ForeignLock as exc:
+            return f"it is not an nlevel lock any more: {exc}", ""
+        except OSError as exc:
+            return "", exc.strerror or str(exc)
+        if held.token != token:
+            return f"it now names {held.describe()}", ""
+        trouble = ""
+        try:
+            os.utime(fd, (now, now))  # (this file: whatever the name leads to now)
+        except OSError as exc:
+            trouble = exc.strerror or str(exc)
+        try:
+            there = os.stat(path)
+        except FileNotFoundError:
+            return "the file was removed", ""
+        except OSError as exc:
+            return "", exc.strerror or str(exc)
+        if (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino):
+            try:
+                now_held = read_holder(path)
+                who = f"it now names {now_held.describe()}" if now_held is not None else "the file was removed"
+            except CheckpointError as exc:
+                who = f"it was replaced by a file that is not an nlevel lock ({exc})"
+            return who, ""
+        return "", trouble
+    finally:
+        os.close(fd)
 
 
-def _remove_if_same(path: str, old: Holder) -> bool:
-    """Remove a left-over lock, unless another job took it over first; True if this call removed it.
+def _put_back(aside: str, path: str) -> None:
+    """Put a lock moved aside back (fails quietly if a third job created one meanwhile)."""
+    try:
+        os.link(aside, path)
+    except OSError as exc:
+        if exc.errno != errno.EEXIST:
+            raise
+    os.unlink(aside)
+
+
+def _remove_if_same(path: str, old: Holder, still_stale: Callable[[Holder], bool]) -> bool:
+    """Remove a left-over lock, unless another job took it over first or its own came back; True if removed.
 
     The lock is first renamed to a name of this process's own (``rename`` is atomic: of two
-    jobs taking over at once, one moves it), then checked: if what was moved is not the
-    lock judged stale (another job replaced it meanwhile), it is put back.
+    jobs taking over at once, one moves it), then checked: if what was moved is not the lock
+    judged stale (another job replaced it meanwhile), or its heartbeat came back
+    (``still_stale`` says no: a job that was slow, not gone), it is put back.
     """
-    aside = f"{path}.stale-{socket.gethostname()}-{os.getpid()}"
+    aside = f"{path}.stale-{hostname()}-{os.getpid()}"
     try:
         os.rename(path, aside)
     except FileNotFoundError:
@@ -404,13 +465,8 @@ def _remove_if_same(path: str, old: Holder) -> bool:
         moved = read_holder(aside)
     except CheckpointError:
         moved = None
-    if moved is None or moved.token != old.token:
-        try:
-            os.link(aside, path)  # put the other job's lock back (fails if a third job created one)
-        except OSError as exc:
-            if exc.errno != errno.EEXIST:
-                raise
-        os.unlink(aside)
+    if moved is None or moved.token != old.token or not still_stale(moved):
+        _put_back(aside, path)
         return False
     os.unlink(aside)
     return True

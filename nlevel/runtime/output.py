@@ -15,7 +15,6 @@ writes them to :func:`console` streams, duplicates of the descriptors taken befo
 from __future__ import annotations
 
 import ctypes
-import glob
 import os
 import socket
 import sys
@@ -64,11 +63,22 @@ def check_dir(path: str) -> str:
     return ""
 
 
-def files_of(directory: str, tid: int) -> list[str]:
-    """The output files of task ``tid`` in ``directory``: those there (final and partial), or, when
-    none is (another node's disk), the names its last attempt writes."""
-    found = sorted(glob.glob(os.path.join(glob.escape(directory), f"{tid}.*")))
-    return found or [os.path.join(directory, f"{tid}.out"), os.path.join(directory, f"{tid}.err")]
+def files_of(directory: str, ids: list[int]) -> dict[int, list[str]]:
+    """The output files of each task of ``ids`` in ``directory``, from one look at it: those there
+    (final and partial), or, for an id with none there (another node's disk), the names its last
+    attempt writes."""
+    wanted = set(ids)
+    found: dict[int, list[str]] = {}
+    try:
+        with os.scandir(directory) as entries:
+            for e in entries:
+                head = e.name.split(".", 1)[0]
+                if head.isdigit() and int(head) in wanted and "." in e.name:
+                    found.setdefault(int(head), []).append(os.path.join(directory, e.name))
+    except OSError:
+        pass  # (not there, or not readable here: the names below)
+    return {i: sorted(found[i]) if i in found else [os.path.join(directory, f"{i}.out"),
+                                                   os.path.join(directory, f"{i}.err")] for i in ids}
 
 
 def _flush_c() -> None:

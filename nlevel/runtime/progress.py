@@ -53,7 +53,8 @@ def model_state(station: Any, size: int, elapsed: float) -> dict[str, Any]:
     decisions = [d for d in list(getattr(getattr(station, "planner", None), "decisions", None) or [])
                  if isinstance(d, dict)]
     if decisions:
-        out["decisions"] = len(decisions)
+        made = getattr(getattr(station, "planner", None), "made", None)
+        out["decisions"] = made if isinstance(made, int) else len(decisions)
     last = next((d for d in reversed(decisions) if "current_predicted" in d or "chosen" in d), None)
     if last is not None:
         pred = _prediction(last)

@@ -27,21 +27,23 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import Config
-from ..errors import NlevelError
+from ..errors import CheckpointError, NlevelError
 from ..roles.events import DrainRequest, Overran, Ran, UserError
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import KillRequest, Message, TaskFailure
 from ..roles.recovery import successors
 from ..roles.station import Station
-from . import checkpoint as ckpt
 from . import control, signals
 from .backoff import Backoff
 
-__all__ = ["MpiPort", "Runner", "clock"]
+if TYPE_CHECKING:  # (imported where a checkpoint is written or read: numpy and h5py come with it)
+    from . import checkpoint as ckpt
+
+__all__ = ["MpiPort", "Runner", "clock", "prepare_takeover"]
 
 clock = time.perf_counter
 
@@ -80,10 +82,11 @@ class MpiPort:
         self.width = result_width
         self.control_dir = control.control_dir(checkpoint) if checkpoint else None
         self._control_at = 0.0
-        self._pending: dict[str, dict[str, Any] | None] = {}
+        self._inbox: control.Inbox | None = None  # the master's (made at its first look)
         self.checkpoint_error: BaseException | None = None
         self.lock: Any = None  # the checkpoint's lock (the master's; see nlevel.runtime.lock)
         self.lock_token: str | None = None  # the lock's name, told to every rank: a new master adopts it
+        self.lost: CheckpointError | None = None  # the lock went to another job: the checkpoint is not ours
         #: Called with the job's status when this process ends the job itself (see :meth:`retire`),
         #: before it exits: the farm's report, for the caller that writes it to a file.
         self.ended_here: Callable[[int], None] | None = None
@@ -138,7 +141,7 @@ class MpiPort:
         from .report import failed_lines, failed_tasks, ledger_status
 
         status = ledger_status(last, stopped=True, error=bool(self.checkpoint_error))
-        sys.stderr.write(failed_lines(failed_tasks(last)))
+        sys.stderr.write(failed_lines(failed_tasks(last), len(last.failed)))
         self.log(f"{why}; no other rank is left to end the job: this process ends it, exit status {status}"
                  + (" (the same command resumes)" if status == signals.EXIT_STOPPED else ""))
         if self.ended_here is not None:
@@ -156,14 +159,26 @@ class MpiPort:
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(status)
 
-    def heartbeat(self) -> None:
+    def heartbeat(self) -> str:
         if self.lock is None and self.lock_token is not None and self.checkpoint is not None:
             from .lock import adopt  # a new master: the dead one's lock is this job's
 
             self.lock = adopt(self.checkpoint, self.lock_token)
             self.lock_token = None  # (tried once)
-        if self.lock is not None:
-            self.lock.beat()
+            if self.lock is None:  # (another job holds it now: said by adopt)
+                self._lose(f"the lock {self.checkpoint}.lock is not this job's any more")
+        if self.lock is not None and self.lost is None:
+            why = self.lock.beat()
+            if why:
+                self._lose(f"the lock {self.lock.path} is not this job's any more ({why})")
+        return self.lost.problem if self.lost is not None else ""
+
+    def _lose(self, why: str) -> None:
+        """Another job holds the checkpoint now: never write it again (its writes would be lost)."""
+        self.lost = CheckpointError(f"{why}: another job may be using checkpoint {self.checkpoint}, which this "
+                                    f"job does not write again", path=self.checkpoint)
+        if self.writer is not None:
+            self.writer.discard()
 
     def checkpoint_failed(self) -> str:
         w = self.writer
@@ -173,6 +188,11 @@ class MpiPort:
     def write_checkpoint(self, ledger: Ledger, final: bool) -> str:
         if self.checkpoint is None or self.meta is None:
             return ""
+        if self.lost is not None:
+            self.checkpoint_error = self.lost
+            return self.lost.problem
+        from . import checkpoint as ckpt
+
         try:
             if self.writer is None:
                 self.writer = ckpt.Writer(self.checkpoint, self.meta)  # a new master
@@ -191,6 +211,8 @@ class MpiPort:
     def load_checkpoint(self) -> tuple[Ledger | None, str]:
         if self.checkpoint is None or self.meta is None:
             return None, ""
+        from . import checkpoint as ckpt
+
         try:
             snap = ckpt.load(self.checkpoint, self.meta)
         except NlevelError as exc:
@@ -199,8 +221,8 @@ class MpiPort:
         return snap.ledger(self.meta.total, self.width), ""
 
     def answer(self, token: str, outcome: dict[str, object]) -> None:
-        request = self._pending.pop(token, None)
-        control.answer(token, request, **outcome)
+        if self._inbox is not None:
+            self._inbox.answer(token, outcome)
 
     def log(self, text: str) -> None:
         stream = self.stream or sys.stderr
@@ -211,18 +233,28 @@ class MpiPort:
         if self.control_dir is None or clock() < self._control_at:
             return []
         self._control_at = clock() + self.config.control_interval
+        if self._inbox is None:
+            self._inbox = control.Inbox(self.control_dir, self.log)
         out: list[DrainRequest] = []
-        for path, request in control.pending(self.control_dir):
-            if request is None or request.get("action") != "drain":
-                control.answer(path, request, error=f"not a request nlevel understands: {request!r}")
+        for taken in self._inbox.take():
+            if taken.ranks is not None and self.rank in taken.ranks:
+                # (the operator's drain frees cores; the master's never leaves the job: it serves to the end)
+                self._inbox.answer(taken.token, {"error": f"rank {self.rank} is the master: it serves every rank "
+                                                 f"until the job ends and cannot be drained"})
                 continue
-            self._pending[path] = request
-            ranks = request.get("ranks")
-            out.append(DrainRequest(path, tuple(ranks) if ranks is not None else None, request.get("count")))
+            out.append(DrainRequest(taken.token, taken.ranks, taken.count))
         return out
 
     def stop_requested(self) -> bool:
         return signals.requested()
+
+
+def prepare_takeover() -> None:
+    """Import what a new master's first read of the checkpoint needs (:attr:`Runner.prepare_takeover`):
+    the checkpoint's module with numpy and h5py, which a farm imports only when it has a checkpoint."""
+    from . import checkpoint as ckpt
+
+    ckpt.h5()
 
 
 def _nothing() -> None:
@@ -399,7 +431,7 @@ class Runner:
     # -- the user's side -----------------------------------------------------------------------
     def next_range(self, ran: Ran | None) -> tuple[int, int] | None:
         """Report what ran and return the next range for the user's loop (None: the loop is over)."""
-        st, loop = self.station, self.loop
+        st = self.station
         if st.worker is None:
             self.serve()  # a serve-only server: its loop is the job's
             return None

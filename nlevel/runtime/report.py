@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
-import tempfile
+import time
 from typing import Any
 
 from .._version import __version__
 from ..config import Config
 from ..model.hierarchy import Hierarchy, build
-from ..roles.core import TIMELINE_BIN
+from ..roles.core import TIMELINE_BIN, TIMELINE_MAX
 from ..roles.ledger import Ledger
 from ..roles.messages import FailureRecord
 from ..stats import RequestTimes, Summary
@@ -49,17 +48,35 @@ def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def timeline(per_rank: dict[int, dict[int, int]], bin_s: float) -> dict[str, Any]:
-    """The servers' requests served per time bin, as the report stores it (``t0``: wall time of bin 0)."""
-    if not per_rank:
+def timeline(per_rank: dict[int, Any], bin_s: float) -> dict[str, Any]:
+    """The servers' requests served per time bin, as the report stores it (``t0``: wall time of bin 0).
+
+    ``per_rank``: each server's ``(seconds per bin, {bin: served})`` (a bare dict: ``bin_s`` each).
+    The report's bins are the widest any server kept, widened further so that the span holds at
+    most :data:`~nlevel.roles.core.TIMELINE_MAX` of them.
+    """
+    rows = {r: (v if isinstance(v, tuple) else (bin_s, v)) for r, v in per_rank.items() if v}
+    rows = {r: (w, bins) for r, (w, bins) in rows.items() if bins}
+    if not rows:
         return {"bin_s": bin_s, "t0": None, "served": {}}
-    first = min(min(bins) for bins in per_rank.values())
-    last = max(max(bins) for bins in per_rank.values())
-    return {
-        "bin_s": bin_s,
-        "t0": first * bin_s,
-        "served": {str(r): [bins.get(b, 0) for b in range(first, last + 1)] for r, bins in sorted(per_rank.items())},
-    }
+    width = max(w for w, _ in rows.values())  # (every width is bin_s times a power of two)
+
+    def scaled(w: float, k: int) -> int:
+        return k // max(1, round(width / w))
+
+    while True:
+        first = min(scaled(w, min(bins)) for w, bins in rows.values())
+        last = max(scaled(w, max(bins)) for w, bins in rows.values())
+        if last - first < TIMELINE_MAX:
+            break
+        width *= 2
+    served: dict[str, list[int]] = {}
+    for r, (w, bins) in sorted(rows.items()):
+        dense = [0] * (last - first + 1)
+        for k, n in bins.items():
+            dense[scaled(w, k) - first] += n
+        served[str(r)] = dense
+    return {"bin_s": width, "t0": first * width, "served": served}
 
 
 def station_facts(st: Any, totals: dict[str, Any], left: set[int]) -> dict[str, Any]:
@@ -74,7 +91,7 @@ def station_facts(st: Any, totals: dict[str, Any], left: set[int]) -> dict[str, 
     # (drained ranks leave by dying under ULFM: their records are left out of the failures)
     recorded = {f["rank"] for f in totals["failures"]} | set(st.drained)
     lost = sorted(set(st.failed) - recorded - left)
-    first = build(st.size, st.plans[0]) if lost else None
+    first = build(st.size, st.plans[0], node_sizes=st.hierarchy.node_sizes) if lost else None
     records = []
     for r in lost:
         assert first is not None
@@ -92,21 +109,46 @@ def station_facts(st: Any, totals: dict[str, Any], left: set[int]) -> dict[str, 
         "stopped": (st.stop_reason or "SIGUSR1") if st.stopped else None,
         "user_errors": [{"rank": r, "error": why} for r, why in st.user_errors.items()],
         "decisions": st.planner.report() if st.planner is not None else [],
+        # (the planner keeps its start, its switches and the last few others: this many were made)
+        "decisions_made": st.planner.made if st.planner is not None else 0,
     }
 
 
+#: Failed ids the report lists one by one (with traceback); the rest are counted by kind and error.
+FAILED_LISTED = 1000
+#: Failed ids stderr names one line each at the end of a job.
+FAILED_LINES = 20
+
+
 def failed_tasks(ledger: Ledger, output: str = "") -> list[dict[str, Any]]:
-    """The ids recorded failed, as the report lists them (and the release tells every rank); with
-    ``output`` (``--task-output``), each one's output files (:func:`nlevel.runtime.output.files_of`)."""
-    out: list[dict[str, Any]] = [
-        {"id": f.id, "kind": f.kind, "attempts": f.attempts, "rank": f.rank, "host": f.host, "error": f.error,
-         "traceback": f.traceback} for _, f in sorted(ledger.failed.items())]
-    if output:
+    """The ids recorded failed, as the report lists them (and the release tells every rank): the
+    first :data:`FAILED_LISTED` (the checkpoint's ``/failed`` keeps every one); with ``output``
+    (``--task-output``), each one's output files (:func:`nlevel.runtime.output.files_of`)."""
+    out: list[dict[str, Any]] = []
+    for _, f in sorted(ledger.failed.items()):
+        if len(out) == FAILED_LISTED:
+            break
+        out.append({"id": f.id, "kind": f.kind, "attempts": f.attempts, "rank": f.rank, "host": f.host,
+                    "error": f.error, "traceback": f.traceback})
+    if output and out:
         from .output import files_of
 
-        for f in out:
-            f["output"] = files_of(output, int(f["id"]))
+        files = files_of(output, [int(row["id"]) for row in out])  # (one look at the directory for them all)
+        for row in out:
+            row["output"] = files[int(row["id"])]
     return out
+
+
+def failed_summary(ledger: Ledger) -> dict[str, Any]:
+    """Every failed id counted: in all, and per kind and error (a million tasks that raised the same
+    error are one line here, and :func:`failed_tasks` lists the first of them)."""
+    by: dict[tuple[str, str], int] = {}
+    for f in ledger.failed.values():
+        key = (f.kind, f.error)
+        by[key] = by.get(key, 0) + 1
+    top = sorted(by.items(), key=lambda kv: -kv[1])[:50]
+    return {"count": len(ledger.failed), "listed": min(len(ledger.failed), FAILED_LISTED),
+            "by_error": [{"kind": k, "error": e, "ids": n} for (k, e), n in top]}
 
 
 def exit_status(*, complete: bool, stopped: bool, left: int, error: bool) -> int:
@@ -128,13 +170,18 @@ def ledger_status(ledger: Ledger, *, stopped: bool, error: bool) -> int:
     return exit_status(complete=ledger.complete(), stopped=stopped, left=ledger.undecided, error=error)
 
 
-def failed_lines(failed: list[dict[str, Any]]) -> str:
-    """One stderr line per failed id (of :func:`failed_tasks`), naming where it failed and why."""
+def failed_lines(failed: list[dict[str, Any]], count: int | None = None) -> str:
+    """One stderr line per failed id (of :func:`failed_tasks`), naming where it failed and why: the
+    first :data:`FAILED_LINES`, then one line for the rest (``count``: every failed id)."""
     out = []
-    for f in failed:
+    for f in failed[:FAILED_LINES]:
         where = f" on rank {f['rank']}" + (f" ({f['host']})" if f.get("host") else "") if f.get("rank", -1) >= 0 else ""
         files = f"; output: {', '.join(f['output'])}" if f.get("output") else ""
         out.append(f"nlevel: task {f['id']} FAILED ({f['kind']}{where}): {f['error']}{files}\n")
+    more = (len(failed) if count is None else count) - min(len(failed), FAILED_LINES)
+    if more > 0:
+        out.append(f"nlevel: and {more:,} more failed tasks (the report lists the first {FAILED_LISTED:,} and counts "
+                   f"the rest by error; the checkpoint's /failed holds every one)\n")
     return "".join(out)
 
 
@@ -169,7 +216,7 @@ def build_report(
     busy = tasks.total
     report: dict[str, Any] = {
         "nlevel_version": __version__,
-        "started": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(timespec="seconds"),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(started)),  # (ISO 8601; datetime cost 4 ms)
         "wall_s": wall,
         "size": size,
         "app": app or {},
@@ -185,6 +232,7 @@ def build_report(
         "complete": ledger.complete(),
         "failures": failures or [],
         "failed_tasks": failed_tasks(ledger, config.task_output),
+        "failed_summary": failed_summary(ledger),
         "tasks": {"run": tasks.n, **tasks.to_dict(1e3)},
         "task_time_sum_s": busy,
         "overhead": (1.0 - busy / (size * wall)) if wall > 0 and size else 0.0,
@@ -223,15 +271,22 @@ def master_wrote(path: str | os.PathLike[str], job: str) -> bool:
         return False
 
 
+def _create_temp(path: str) -> tuple[int, str]:
+    """A new temporary file beside ``path``, with an ordinary file's mode: 0666 less the umask, which
+    the kernel applies (reading the umask means setting it, process-wide: never from a thread)."""
+    while True:
+        tmp = f"{path}.{os.getpid()}-{os.urandom(6).hex()}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def write_json(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
     """Write ``report`` to ``path`` atomically (temp file + rename): a kill never leaves half a report."""
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    fd, tmp = _create_temp(path)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
         with os.fdopen(fd, "w") as f:
             json.dump(report, f, indent=2, default=str)
             f.write("\n")
@@ -274,7 +329,7 @@ def format_summary(report: dict[str, Any]) -> str:
     decisions = report.get("decisions", [])
     if decisions or switches > 0:
         last = next((d for d in reversed(decisions) if "poisson" in d), None)
-        line = f"  auto: {len(decisions)} decision(s), {switches} switch(es)"
+        line = f"  auto: {report.get('decisions_made') or len(decisions)} decision(s), {switches} switch(es)"
         if last is not None:
             fit = last["poisson"]
             line += (

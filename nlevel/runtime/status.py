@@ -18,7 +18,9 @@ and the rate and ETA while it runs. Three files feed it, all optional but the ch
   one: read tolerantly (any of the usual key spellings, times as ISO text or seconds).
 
 A job is "running" when the lock or the record names a process that is alive (same host)
-or whose heartbeat is recent (another host). Reading changes nothing on disk.
+or whose heartbeat is recent (another host: :func:`stopped_after` three missed refreshes,
+counted on the record's 2 s heartbeat when the record and the lock name one process).
+Reading changes nothing on disk.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import argparse
 import collections
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -37,9 +38,11 @@ from typing import Any, Callable, Sequence
 from .._version import __version__
 from .control import control_dir
 from .report import write_json
-from .lock import pid_alive as _pid_alive
+from .pids import alive as _pid_alive
+from .machine import hostname
 
-__all__ = ["Recorder", "assemble", "format_status", "main", "read_checkpoint", "read_json", "record_path", "status"]
+__all__ = ["Recorder", "assemble", "format_status", "main", "read_checkpoint", "read_json", "read_lock", "record_path",
+           "status", "stopped_after"]
 
 RECORD = "status.json"
 _JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "JOB_ID")
@@ -114,7 +117,7 @@ class Recorder:
             committed, total = int(state.pop("committed", 0)), int(state.pop("total", 0))
             rate = self.rate(now, committed)
             record = {
-                "nlevel_version": __version__, "checkpoint": self.checkpoint, "host": socket.gethostname(),
+                "nlevel_version": __version__, "checkpoint": self.checkpoint, "host": hostname(),
                 "pid": os.getpid(), "job_id": self.job, "started": self.started, "updated": now,
                 "interval": self.interval, "committed": committed, "total": total,
                 "resumed": state.pop("resumed", None), "size": state.pop("size", None),
@@ -193,6 +196,20 @@ def read_json(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def read_lock(path: str) -> dict[str, Any] | None:
+    """The lock file (:func:`read_json`), its heartbeat the later of its ``heartbeat`` field and the
+    file's modification time (what the job's heartbeat refreshes, see nlevel.runtime.lock)."""
+    lock = read_json(path)
+    if lock is not None:
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return lock
+        beat = _seconds(lock.get("heartbeat"))
+        lock["heartbeat"] = mtime if beat is None else max(beat, mtime)
+    return lock
+
+
 def _text(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else "" if x is None else str(x)
 
@@ -217,6 +234,12 @@ def _seconds(x: Any) -> float | None:
     return None
 
 
+def stopped_after(interval: float) -> float:
+    """Seconds after which a heartbeat refreshed every ``interval`` s has stopped: three missed
+    refreshes and 2 s for clocks of different hosts (the heartbeat's time is the writer's)."""
+    return 3 * interval + 2.0
+
+
 def _holder(src: dict[str, Any] | None, kind: str, now: float, this_host: str,
             alive: Callable[[int], bool]) -> dict[str, Any] | None:
     """Who a lock or record names, and whether that process runs now."""
@@ -235,8 +258,10 @@ def _holder(src: dict[str, Any] | None, kind: str, now: float, this_host: str,
         running = alive(pid)
         how = "process alive" if running else "process gone"
     elif beat is not None:
-        fresh = now - beat <= max(3 * every, 10.0)
-        running, how = fresh, f"heartbeat {now - beat:.0f} s ago"
+        age = now - beat
+        running = age <= stopped_after(every)
+        how = f"heartbeat {age:.0f} s ago" if running else \
+            f"heartbeat stopped {age:.0f} s ago (expected every {every:g} s)"
     else:
         running, how = False, "no heartbeat"
     return {"from": kind, "host": host, "pid": pid, "job_id": _first(src, "job_id", "jobid", "job", "slurm_job_id"),
@@ -248,6 +273,9 @@ def assemble(path: str, ck: dict[str, Any] | None, record: dict[str, Any] | None
     """The status from what was read (pure): the dict ``--json`` prints and :func:`format_status` shows."""
     holders = [h for h in (_holder(lock, "lock", now, this_host, alive), _holder(record, "record", now, this_host, alive))
                if h is not None]
+    if len(holders) == 2 and (holders[0]["host"], holders[0]["pid"]) == (holders[1]["host"], holders[1]["pid"]) \
+            and holders[1]["heartbeat"] is not None and not (record or {}).get("finished"):
+        holders = holders[1:]  # (one process: its record, refreshed every 2 s by a thread, tells sooner than its lock)
     running = next((h for h in holders if h["running"]), None)
     rec = record if record and record.get("checkpoint") in (None, os.path.abspath(path)) else None
     total = ck["total"] if ck else (rec or {}).get("total")
@@ -262,8 +290,10 @@ def assemble(path: str, ck: dict[str, Any] | None, record: dict[str, Any] | None
             from .output import files_of
 
             out["task_output"] = where
-            for f in (out["failed"] + out["quarantined"])[:_FILES_SHOWN]:
-                f["output"] = files_of(where, int(f["id"]))
+            shown = (out["failed"] + out["quarantined"])[:_FILES_SHOWN]
+            files = files_of(where, [int(f["id"]) for f in shown])
+            for f in shown:
+                f["output"] = files[int(f["id"])]
         out["identity"] = ck["identity"]
         out["written"] = {"updated": ck["updated"], "created": ck["created"], "version": ck["version"]}
         updated = _seconds(ck["updated"])
@@ -307,14 +337,14 @@ def status(path: str) -> dict[str, Any]:
         ValueError: the file is not an nlevel checkpoint.
     """
     record = read_json(record_path(path))
-    lock = read_json(os.fspath(path) + ".lock")
+    lock = read_lock(os.fspath(path) + ".lock")
     try:
         ck = read_checkpoint(path)
     except FileNotFoundError:
         if record is None and lock is None:
             raise
         ck = None  # a job that started but has not written its first checkpoint yet
-    return assemble(path, ck, record, lock, now=time.time(), this_host=socket.gethostname())
+    return assemble(path, ck, record, lock, now=time.time(), this_host=hostname())
 
 
 # ---------------------------------------------------------------- showing it

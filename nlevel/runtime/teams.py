@@ -195,6 +195,8 @@ class Teams:
                 pass  # (a member died after the last task: it has nothing to be told)
         self._send_all(("end", facts), _TAG_END)
         self.stop_watch()
+        if self.stop_members in last_words:  # (this farm is over: a later death of this process is not its team's)
+            last_words.remove(self.stop_members)
 
     def broke(self, why: str) -> None:
         """This leader's team lost a process: revoke its communicators, stop the members on this node."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from typing import Any
 
@@ -18,7 +17,9 @@ from mpi4py import MPI
 
 from ..roles.events import Died
 from ..roles.messages import Message, decode, encode
+from . import pids
 from .backoff import Backoff
+from .machine import hostname
 from .startwatch import mark
 
 mark("up")  # (MPI is initialised: for nlevel-mpiexec, this job's start is over)
@@ -163,27 +164,9 @@ def broken(comm: Any, revoked: bool = True) -> bool:
         group.Free()
 
 
-def _exists(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited but not yet reaped by its launcher, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    except OSError:  # no /proc (not Linux): ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-
 def host() -> str:
     """Return this process's host name, for reports and error messages."""
-    return MPI.Get_processor_name() or socket.gethostname()
+    return MPI.Get_processor_name() or hostname()
 
 
 class Transport:
@@ -214,15 +197,18 @@ class Transport:
         self._status = MPI.Status()
         self.ft = False  # set by the farm: report dead peers as Died events instead of raising
         self.failed: set[int] = set()
-        self.places: list[tuple[str, int]] = []  # (host, pid) of every rank, under fault tolerance
+        #: (host, pid, start time) of every rank: a hung one is killed from its host, and only while
+        #: its pid still names it (see nlevel.runtime.pids: a pid is reused once its process is gone).
+        self.places: list[tuple[str, int, int | None]] = []
 
     # -- fault tolerance ----------------------------------------------------------------
     def share(self, values: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         """Every rank's ``values`` (picklable), by rank (collective); every rank's host and pid are learnt
         on the way (:attr:`places`: to kill a hung rank from its host)."""
-        rows = self.setup_comm.allgather((values, host(), os.getpid()))
-        self.places = [(h, pid) for _, h, pid in rows]
-        return [v for v, _, _ in rows]
+        me = os.getpid()
+        rows = self.setup_comm.allgather((values, host(), me, pids.started(me)))
+        self.places = [(h, pid, born) for _, h, pid, born in rows]
+        return [v for v, _, _, _ in rows]
 
     def dup_done(self) -> None:
         """Complete the private communicator's ``Idup`` (before its first message, or its free)."""
@@ -263,14 +249,9 @@ class Transport:
         """
         if not self.places or self.places[rank][0] != self.places[self.rank][0]:
             return ""
-        pid = self.places[rank][1]
-        if not _exists(pid):
-            return "gone"
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return "gone"
-        return "killed"
+        _, pid, born = self.places[rank]
+        # (never a stranger that took the pid after the rank's process exited: that one is "gone")
+        return "killed" if pids.kill(pid, born, signal.SIGKILL) else "gone"
 
     def gone(self, ranks: list[int]) -> list[int]:
         """Those of ``ranks`` on this host whose processes no longer run (exited; MPI never says so).
@@ -282,7 +263,7 @@ class Transport:
             return []
         here = self.places[self.rank][0]
         return [r for r in ranks if r not in self.failed and self.places[r][0] == here
-                and not _exists(self.places[r][1])]
+                and not pids.same(self.places[r][1], self.places[r][2])]
 
     def declare_dead(self, ranks: tuple[int, ...]) -> None:
         """Treat ``ranks`` as dead from now on (nothing more is sent to them)."""
@@ -293,7 +274,8 @@ class Transport:
         if not self.places:
             return None
         where = self.places[rank][0]
-        return next((r for r, (h, _) in enumerate(self.places) if h == where and r != rank and r not in self.failed), None)
+        return next((r for r, (h, _, _) in enumerate(self.places) if h == where and r != rank and r not in self.failed),
+                    None)
 
     # -- point to point ---------------------------------------------------------------
     def send(self, dest: int, msg: Message) -> None:

@@ -17,70 +17,86 @@ and a claimer's operations travel to the owner as messages
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from array import array
+from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
 from mpi4py import MPI
 
 from ..roles.board import EMPTY, HEADER, LocalMemory, words
 from ..roles.messages import BoardOp, BoardReply, Tag, decode
 from .backoff import Backoff
 
-__all__ = ["WindowBoards", "LocalBoards", "MessageBoards", "allocate", "self_test_problem", "SELF_TEST"]
+__all__ = ["WindowBoards", "LocalBoards", "MessageBoards", "allocate", "self_test_problem", "cross_node_problem", "SELF_TEST",
+           "WORD"]
 
 #: The reserved word of each board that the set-up self-test counts on.
 SELF_TEST = 2
+#: The one datatype of every operation on the window, origin and target alike. An accumulate's
+#: origin and target must have the same basic datatype; mpi4py describes a numpy int64 buffer as
+#: MPI_LONG, a different basic datatype from MPI_INT64_T even where both are 8-byte integers.
+#: Open MPI's osc/rdma (windows across nodes) refuses the mix with MPI_ERR_TYPE for accumulates
+#: larger than its fast path (the initialisation of a board), and fails SUM with MPI_ERR_ARG;
+#: osc/sm (one node) lets it pass.
+WORD = MPI.INT64_T
+
+
+def _words(values: Sequence[int] | int) -> array[int]:
+    """``values`` (or that many zeros) as int64 words for MPI: an ``array``, not numpy, which costs a
+    farm's first call 40-150 ms to import."""
+    return array("q", bytes(8 * values)) if isinstance(values, int) else array("q", values)
 
 
 class WindowMemory:
     """Board ``base`` (a word offset) of rank ``target`` in ``win``: every operation completes before it returns."""
 
-    __slots__ = ("win", "target", "base", "_one", "_res", "_cmp")
+    __slots__ = ("win", "target", "base", "_one", "_res", "_cmp", "_one_b", "_res_b", "_cmp_b")
 
     def __init__(self, win: Any, target: int, base: int) -> None:
         self.win = win
         self.target = target
         self.base = base
-        self._one = np.zeros(1, np.int64)
-        self._res = np.zeros(1, np.int64)
-        self._cmp = np.zeros(1, np.int64)
+        self._one, self._res, self._cmp = _words(1), _words(1), _words(1)
+        # (as MPI buffers: the words' type named, the target's)
+        self._one_b, self._res_b, self._cmp_b = [self._one, MPI.INT64_T], [self._res, MPI.INT64_T], \
+            [self._cmp, MPI.INT64_T]
 
     def fetch_add(self, index: int, n: int) -> int:
         self._one[0] = n
-        self.win.Fetch_and_op(self._one, self._res, self.target, self.base + index, MPI.SUM)
+        self.win.Fetch_and_op(self._one_b, self._res_b, self.target, self.base + index, MPI.SUM)
         self.win.Flush(self.target)
-        return int(self._res[0])
+        return self._res[0]
 
     def get(self, index: int) -> int:
-        self.win.Fetch_and_op(self._one, self._res, self.target, self.base + index, MPI.NO_OP)
+        self.win.Fetch_and_op(self._one_b, self._res_b, self.target, self.base + index, MPI.NO_OP)
         self.win.Flush(self.target)
-        return int(self._res[0])
+        return self._res[0]
 
-    def read(self, index: int, count: int) -> np.ndarray:
-        out = np.empty(count, np.int64)
+    def read(self, index: int, count: int) -> list[int]:
+        out = _words(count)
         if count == 1:
-            self.win.Fetch_and_op(self._one, out, self.target, self.base + index, MPI.NO_OP)
+            self.win.Fetch_and_op(self._one_b, [out, MPI.INT64_T], self.target, self.base + index, MPI.NO_OP)
         else:
-            self.win.Get_accumulate(out, out, self.target, (self.base + index, count, MPI.INT64_T), MPI.NO_OP)
+            self.win.Get_accumulate([out, MPI.INT64_T], [out, MPI.INT64_T], self.target,
+                                    (self.base + index, count, MPI.INT64_T), MPI.NO_OP)
         self.win.Flush(self.target)
-        return out
+        return out.tolist()
 
-    def write(self, index: int, values: np.ndarray | list[int]) -> None:
-        values = np.ascontiguousarray(values, np.int64)
-        self.win.Accumulate(values, self.target, (self.base + index, len(values), MPI.INT64_T), MPI.REPLACE)
+    def write(self, index: int, values: Sequence[int]) -> None:
+        self.win.Accumulate([_words(values), MPI.INT64_T], self.target, (self.base + index, len(values), MPI.INT64_T),
+                            MPI.REPLACE)
         self.win.Flush(self.target)
 
     def put(self, index: int, value: int) -> None:
         self._one[0] = value
-        self.win.Accumulate(self._one, self.target, (self.base + index, 1, MPI.INT64_T), MPI.REPLACE)
+        self.win.Accumulate(self._one_b, self.target, (self.base + index, 1, MPI.INT64_T), MPI.REPLACE)
         self.win.Flush(self.target)
 
     def cas(self, index: int, expected: int, new: int) -> int:
         self._cmp[0] = expected
         self._one[0] = new
-        self.win.Compare_and_swap(self._one, self._cmp, self._res, self.target, self.base + index)
+        self.win.Compare_and_swap(self._one_b, self._cmp_b, self._res_b, self.target, self.base + index)
         self.win.Flush(self.target)
-        return int(self._res[0])
+        return self._res[0]
 
 
 class WindowBoards:
@@ -142,12 +158,13 @@ def allocate(comm: Any, rank: int, slots: tuple[int, int]) -> tuple[WindowBoards
     try:
         win.Set_errhandler(MPI.ERRORS_RETURN)
         win.Lock_all()
-        init = np.full(n, EMPTY, np.int64)
+        init = _words([EMPTY]) * n
         for base in (0, words(slots[0])):
-            init[base : base + HEADER] = 0
+            init[base : base + HEADER] = _words(HEADER)
         # Everything but the leaf board's self-test word (the others may be adding to rank 0's already).
-        win.Accumulate(init[:SELF_TEST], rank, (0, SELF_TEST, MPI.INT64_T), MPI.REPLACE)
-        win.Accumulate(init[SELF_TEST + 1 :], rank, (SELF_TEST + 1, n - SELF_TEST - 1, MPI.INT64_T), MPI.REPLACE)
+        win.Accumulate([init[:SELF_TEST], MPI.INT64_T], rank, (0, SELF_TEST, MPI.INT64_T), MPI.REPLACE)
+        win.Accumulate([init[SELF_TEST + 1 :], MPI.INT64_T], rank, (SELF_TEST + 1, n - SELF_TEST - 1, MPI.INT64_T),
+                       MPI.REPLACE)
         win.Flush(rank)
     except MPI.Exception as exc:
         return None, None, f"rank {rank}: one-sided operations on the window failed: {exc.Get_error_string()}"
@@ -170,6 +187,22 @@ def self_test_problem(seen: list[int | None]) -> str:
         return (f"the window's self-test saw {sorted(values)[:16]} from {len(values)} atomic additions "
                 f"(expected {len(values)} consecutive values)")
     return ""
+
+
+def cross_node_problem(ft: bool, hosts: Iterable[str]) -> str:
+    """Why one-sided grants must not be used ("" when they may): under fault tolerance, a window
+    whose ranks run on more than one host (``hosts``: every rank's processor name).
+
+    Across nodes the window is Open MPI's osc/rdma, and an atomic on a target that has died or
+    exited blocks for ever (no ULFM error): on the emulated cluster a rank still scanning its
+    parent's board after that parent had ended hung the job's end, every time. On one node
+    (osc/sm) the memory outlives its owner and the operation completes.
+    """
+    nodes = sorted(set(hosts))
+    if not ft or len(nodes) <= 1:
+        return ""
+    return (f"the window spans {len(nodes)} nodes ({', '.join(nodes[:4])}{', ...' if len(nodes) > 4 else ''}), "
+            f"where an atomic on a rank that has died or exited blocks for ever (Open MPI's osc/rdma)")
 
 
 class LocalBoards:
@@ -204,10 +237,10 @@ class RemoteMemory:
     def get(self, index: int) -> int:
         return self._op("read", index, 1)[0]
 
-    def read(self, index: int, count: int) -> np.ndarray:
-        return np.array(self._op("read", index, count), np.int64)
+    def read(self, index: int, count: int) -> list[int]:
+        return list(self._op("read", index, count))
 
-    def write(self, index: int, values: np.ndarray | list[int]) -> None:
+    def write(self, index: int, values: Sequence[int]) -> None:
         raise RuntimeError("only a board's owner writes it")
 
     def put(self, index: int, value: int) -> None:

@@ -32,7 +32,7 @@ from ..config import Config
 from ..errors import SimStalled
 from ..model.hierarchy import Hierarchy
 from ..roles.board import LocalMemory
-from ..roles.events import DrainRequest, NeedIds, Ran, Received, Tick
+from ..roles.events import DrainRequest, NeedIds, Ran, Received, Served, Tick
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import Message
@@ -92,7 +92,7 @@ class _Counting(LocalMemory):
         self.sink[0] += 1
         return super().read(index, count)
 
-    def write(self, index: int, values: np.ndarray | list[int]) -> None:
+    def write(self, index: int, values: Sequence[int]) -> None:
         self.sink[0] += 1
         super().write(index, values)
 
@@ -154,8 +154,8 @@ class _Port:
     def retire(self, why: str, last: Ledger | None = None) -> None:
         raise SimStalled(f"a simulated rank gave itself up ({why}): no task hangs in a simulation")
 
-    def heartbeat(self) -> None:
-        pass
+    def heartbeat(self) -> str:
+        return ""
 
     def checkpoint_failed(self) -> str:
         return ""
@@ -532,7 +532,7 @@ class Engine:
                 sink[0] = 0
                 loop.handle(Received(src, msg))
                 if st.planner is not None:
-                    st.planner.on_service(c.service_time)  # (μ, as the runtime measures it while serving)
+                    loop.handle(Served(c.service_time))  # (μ, as the runtime measures it while serving)
                 ag.send_all(r, t)
                 last_served[r] = t
                 ag.after_server(r, t)

@@ -104,8 +104,8 @@ class _Port:
     def retire(self, why: str, last: Ledger | None = None) -> None:
         self.net.retired[self.rank] = why
 
-    def heartbeat(self) -> None:
-        pass
+    def heartbeat(self) -> str:
+        return ""
 
     def checkpoint_failed(self) -> str:
         return self.net.disk_error

@@ -20,6 +20,9 @@ def add_arguments(parser):
     parser.add_argument("--die-task", type=int, default=50)
     parser.add_argument("--how", choices=["exit", "os_exit", "raise", "segfault", "memory", "hang", "forever", "gil"], default="exit")
     parser.add_argument("--poison", action="store_true")
+    parser.add_argument("--long", default="", help="ID:SECONDS,...: tasks far longer than the rest (a heavy tail)")
+    parser.add_argument("--mixed", action="store_true",
+                        help="task lengths spread log-normally around --sleep-ms (sigma 1), fixed per id")
     parser.add_argument("--die-rank", type=int, default=-1, help="instead: rank R dies at its --die-after-th task")
     parser.add_argument("--die-after", type=int, default=10)
     parser.add_argument("--die-in-setup", choices=["options", "dup", "window", "places"], default=None,
@@ -66,7 +69,7 @@ def _master_after_release(how):
         from nlevel.roles import ending
 
         whole = ending.Closing.release
-        ending.Closing.release = lambda self, code, report: whole(self, code, report)[:2]
+        ending.Closing.release = lambda self, *args: whole(self, *args)[:2]
         how = "KILL"
 
     def release_then_die(self):
@@ -136,5 +139,23 @@ def do_job(task_id):
                 import re  # catastrophic backtracking: C code that holds the GIL for hours
 
                 re.match(r"(a+)+$", "a" * 48 + "b")
-    time.sleep(_opts.sleep_ms / 1e3)
+    time.sleep(_length(task_id))
     return float(task_id)
+
+
+def _length(task_id):
+    """Seconds task ``task_id`` sleeps: --sleep-ms, a --long one's, or (--mixed) a log-normal draw fixed per id."""
+    global _long
+    if _long is None:
+        _long = {int(a): float(b) for a, b in (x.split(":") for x in _opts.long.split(",") if x)}
+    if task_id in _long:
+        return _long[task_id]
+    if _opts.mixed:
+        import math
+        import random
+
+        return _opts.sleep_ms / 1e3 * math.exp(random.Random(task_id).gauss(0.0, 1.0))
+    return _opts.sleep_ms / 1e3
+
+
+_long = None

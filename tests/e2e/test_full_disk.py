@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ..conftest import ROOT
+from ..conftest import ROOT, run_bounded
 from .test_cli import BIN, completed_ids
 
 APP = os.path.join(ROOT, "tests", "apps", "dying_app.py")
@@ -63,3 +63,20 @@ def test_a_full_disk_keeps_the_old_checkpoint_and_stops_with_one_line(tmp_path, 
     [line] = _nlevel_lines(fresh.stderr)
     assert "cannot write checkpoint" in line and "No space left on device" in line and "intact" in line
     assert not [p for p in os.listdir(tiny_fs) if ".tmp" in p]  # no temporary file left on the full disk
+
+
+@pytest.mark.timeout(300)
+def test_a_full_disk_reaches_a_users_script_as_one_checkpoint_error_on_every_rank(tmp_path, mpi_env, tiny_fs):
+    """Issue 34: every rank raises the same CheckpointError, naming the file and the cause, no h5py chain."""
+    ckpt = tiny_fs / "big.h5"  # 30000 results do not fit in 64 KiB
+    cmd = [os.path.join(BIN, "nlevel-mpiexec"), "-n", "3", sys.executable,
+           os.path.join(ROOT, "tests", "apps", "results_script.py"), str(ckpt), "30000"]
+    proc = run_bounded(cmd, 200, cwd=tmp_path, env=mpi_env)
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    assert [line.split(":")[0] for line in lines] == ["rank 0", "rank 1", "rank 2"], proc.stdout + proc.stderr[-3000:]
+    said = {line.split(":", 1)[1] for line in lines}
+    assert said == {f" CheckpointError errno=28 path={ckpt} cause=False: cannot write checkpoint {ckpt}: No space "
+                    f"left on device (errno 28); the previous checkpoint, if any, is intact"}, lines
+    assert "Traceback" not in proc.stderr and "h5py" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert not [p for p in os.listdir(tiny_fs) if ".tmp" in p]

@@ -83,3 +83,42 @@ def test_a_lock_file_that_is_not_ours_stops_the_job_and_stays(tmp_path, mpi_env)
     [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("nlevel: error:")]
     assert "run.h5.lock exists and is not an nlevel lock file" in line
     assert (tmp_path / "run.h5.lock").read_text() == "my notes\n" and not (tmp_path / "run.h5").exists()
+
+
+@pytest.mark.timeout(180)
+def test_a_job_whose_lock_another_job_took_stops_cleanly_and_says_so(tmp_path, mpi_env):
+    """Issue 34: losing the lock was only logged, and the job went on writing a checkpoint another job
+    now owned. Another job's take-over is played here by hand: the lock renamed aside, a new one made."""
+    from ..conftest import run_bounded
+
+    lock = tmp_path / "run.h5.lock"
+    result: dict[str, object] = {}
+
+    def job() -> None:
+        result["proc"] = run_bounded(_cmd(3, "--n", "2000", "--sleep-ms", "20", "--report", "r.json"), 150,
+                                     cwd=tmp_path, env=mpi_env)
+
+    import threading
+
+    runner = threading.Thread(target=job, daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "run.h5").exists() and runner.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert lock.exists(), "the job never created its lock"
+    theirs = json.loads(lock.read_text())
+    theirs.update(host="another-host", pid=4711, token="0" * 32, started=time.time(), heartbeat=time.time())
+    os.rename(lock, tmp_path / "run.h5.lock.aside")
+    (tmp_path / "tmp-lock").write_text(json.dumps(theirs))
+    os.rename(tmp_path / "tmp-lock", lock)
+    taken = time.monotonic()
+    runner.join(160)
+    proc = result["proc"]
+    stopped_in = time.monotonic() - taken
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    said = [ln for ln in proc.stderr.splitlines() if "is not this job's any more" in ln]
+    assert len(said) == 1 and "host another-host, pid 4711" in said[0] and "stopping the job" in said[0], proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["stopped"] == "lock" and not report["complete"] and "does not write again" in report["checkpoint_error"]
+    assert stopped_in < 60 and len(completed_ids(tmp_path / "run.h5")) < 2000
+    assert json.loads(lock.read_text())["token"] == "0" * 32  # (the other job's lock is left alone)

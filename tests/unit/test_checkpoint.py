@@ -441,3 +441,48 @@ def test_writer_error_is_cleared_by_a_later_successful_write(tmp_path: Path) -> 
     d.mkdir()
     w.close(ck.Snapshot(np.array([[0, 10]]), np.zeros(0, np.int64), np.zeros(0)))  # succeeds: no raise
     assert w.error is None and ck.read(path)[1].n_completed == 10
+
+
+# ---------------------------------------------------------------- a full disk (issue 34)
+
+class _FullDisk:
+    """h5py as a full disk makes it fail: reading works; a new file, an OSError spanning lines, naming buffers."""
+
+    @staticmethod
+    def File(name: Any, mode: str = "r", **kwargs: Any) -> Any:
+        if mode == "r":
+            return h5py.File(name, mode, **kwargs)
+        raise OSError(28, "Can't close file (file write failed: time = Sat Nov 28 03:20:19 2026\n, filename = "
+                          "'x.tmp-1-2', file descriptor = 15, errno = 28, error message = 'No space left on "
+                          "device', buf = 0x7f8914023ef0, total write size = 2048, offset = 4096)")
+
+
+def test_a_full_disk_is_one_checkpoint_error_naming_the_file_and_the_cause(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "run.h5"
+    ck.write(path, META, snap([[0, 2]]))
+    before = sha(path)
+    monkeypatch.setattr(ck, "h5", lambda: _FullDisk)
+    for attempt in ("write", "writer"):
+        with pytest.raises(CheckpointError) as e:
+            if attempt == "write":
+                ck.write(path, META, snap([[0, 5]]))
+            else:
+                w = ck.Writer(path, META)
+                w.submit(snap([[0, 4]]))
+                w.close(snap([[0, 5]]))
+        err = e.value
+        assert str(err) == (f"cannot write checkpoint {path}: No space left on device (errno 28); the previous "
+                            f"checkpoint, if any, is intact"), attempt
+        assert err.path == str(path) and err.errno == 28
+        assert err.__cause__ is None and (err.__context__ is None or err.__suppress_context__), \
+            "h5py's internals chained behind it"
+        assert sha(path) == before and temps(path) == []
+
+
+def test_any_write_error_is_a_checkpoint_error_naming_its_cause(tmp_path: Path) -> None:
+    err = ck.write_error(tmp_path / "run.h5", PermissionError(13, "Permission denied"))
+    assert str(err).startswith(f"cannot write checkpoint {tmp_path / 'run.h5'}: Permission denied (errno 13);")
+    err = ck.write_error(tmp_path / "run.h5", RuntimeError("unexpected\n  on two lines"))
+    assert "RuntimeError: unexpected on two lines" in str(err) and err.errno is None
+    assert err.again() is not err and str(err.again()) == str(err)

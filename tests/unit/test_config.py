@@ -15,11 +15,11 @@ def test_precedence_argument_then_env_then_default():
 
 @pytest.mark.parametrize("var,value,match", [
     ("NLEVEL_LEVELS", "three", r"NLEVEL_LEVELS must be an integer, got 'three'"),
-    ("NLEVEL_LEVELS", "1", r"levels must be an integer >= 2, got 1"),
+    ("NLEVEL_LEVELS", "1", r"NLEVEL_LEVELS must be an integer >= 2, got '1'"),
     ("NLEVEL_REGIONS", "4,a", r"NLEVEL_REGIONS must be a list of integers like 4,2, got '4,a'"),
-    ("NLEVEL_CHECKPOINT_INTERVAL", "0", r"checkpoint_interval must be a number > 0 \(seconds\), got 0.0"),
-    ("NLEVEL_SERVE_ONLY", "slaves", r"serve_only must be one of none, master, all, got 'slaves'"),
-    ("NLEVEL_POLL_MAX", "0", r"poll_max must be a number > 0 \(seconds\), got 0.0"),
+    ("NLEVEL_CHECKPOINT_INTERVAL", "0", r"NLEVEL_CHECKPOINT_INTERVAL must be a number > 0 \(seconds\), got '0'"),
+    ("NLEVEL_SERVE_ONLY", "slaves", r"NLEVEL_SERVE_ONLY must be one of none, master, all, got 'slaves'"),
+    ("NLEVEL_POLL_MAX", "0", r"NLEVEL_POLL_MAX must be a number > 0 \(seconds\), got '0'"),
     ("NLEVEL_PROGRESS", "maybe", r"NLEVEL_PROGRESS must be true or false, got 'maybe'"),
 ])
 def test_bad_environment_names_variable_and_value(var, value, match):
@@ -96,3 +96,37 @@ def test_help_shows_auto_not_zero_and_names_the_variable():
 def test_a_flag_given_as_a_word_reaches_the_config():
     options = build_parser().parse_args(["--levels", "auto", "--chunk", "auto", "--levels", "3"])
     assert options.levels == "3" and parse_setting("chunk", options.chunk, source="--chunk") == 0
+
+
+# ---------------------------------------------------------------- durations (issue 34: bad input)
+
+@pytest.mark.parametrize("name", ["task_timeout", "lease"])
+@pytest.mark.parametrize("text", ["0", "-1", "-0.5", "abc", "", "nan", "inf", "-inf", "1e400"])
+def test_a_duration_that_is_zero_negative_or_not_a_number_is_one_line_naming_the_flag(name, text):
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(ConfigError) as e:
+        parse_setting(name, text, source=flag)
+    said = str(e.value)
+    assert said.startswith(f"{flag} must be a number") and said.endswith(f"got {text.strip()!r}") and "\n" not in said
+
+
+@pytest.mark.parametrize("kwargs", [{"task_timeout": 0}, {"task_timeout": -3.0}, {"task_timeout": float("nan")},
+                                    {"task_timeout": float("inf")}, {"task_timeout": True}, {"task_timeout": "5"},
+                                    {"lease": 0.0}, {"lease": float("inf")}, {"lease": True}, {"lease": -2.0},
+                                    {"poll_max": float("inf")}])
+def test_a_bad_duration_from_python_is_refused_naming_the_setting(kwargs):
+    [(name, value)] = kwargs.items()
+    with pytest.raises(ConfigError, match=rf"^{name} must be a number.*, got {value!r}$".replace("(", r"\(")):
+        Config(**kwargs)
+
+
+def test_the_seconds_check_is_shared_by_the_duration_settings():
+    from nlevel.config import seconds
+
+    check = seconds()
+    check("lease", 2.5)
+    with pytest.raises(ConfigError, match=r"^--lease must be a number of seconds > 0, got 0$"):
+        check("--lease", 0)
+    seconds(none=True)("task_timeout", None)
+    assert parse_setting("task_timeout", "none") is None and parse_setting("task_timeout", "2.5") == 2.5
+    assert parse_setting("lease", "3") == 3.0

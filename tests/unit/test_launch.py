@@ -41,6 +41,15 @@ def test_mpiexec_options_pass_through(monkeypatch):
     assert cmd == ["/x/mpiexec", "-n", "3", "--with-ft", "ulfm", "--mca", "btl", "self,sm", sys.executable, "app.py", "-n", "5"]
 
 
+def test_options_with_two_values_are_kept_whole(monkeypatch):
+    """``--prtemca NAME VALUE`` (and ``--pmixmca``) take two words: the second is not the program."""
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    args = ["--host", "a:2,b:2", "--prtemca", "plm_ssh_agent", "/x/agent", "--pmixmca", "ptl_base_verbose", "0",
+            "python", "app.py"]
+    cmd, _ = launch.build_command(args, cores=8, root=False, open_mpi=True)
+    assert cmd == ["/x/mpiexec", *args[:-2], sys.executable, "app.py"]
+
+
 @pytest.fixture
 def restore_signals():
     """main() installs its forwarding handlers in this process: put the test runner's back."""
@@ -134,3 +143,33 @@ def test_a_job_whose_every_process_died_before_its_release_is_not_a_success(tmp_
     (exits / "4242").unlink()
     (start / "done-1").touch()
     assert not launch.never_released(str(start), str(exits))  # a rank was released: the job ended
+
+
+def test_on_several_nodes_a_job_the_runtime_tore_down_is_not_a_success(monkeypatch, tmp_path, restore_signals):
+    """Issue 33: PRRTE ended a ULFM job when a node's daemon was lost, and mpiexec returned 0.
+    On several nodes the markers and statuses still tell an end from a teardown: the ranks get
+    the directories' names through ``-x`` (ssh-launched daemons pass no environment on)."""
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    cmd, _ = launch.build_command(["--with-ft", "ulfm", "--host", "a:2,b:2", "./app"], cores=4, root=False,
+                                  open_mpi=True)
+    assert cmd[1:5] == ["-x", launch.EXIT_DIR, "-x", "NLEVEL_START_DIR"]
+    one, _ = launch.build_command(["--with-ft", "ulfm", "-n", "2", "./app"], cores=4, root=False, open_mpi=True)
+    assert "-x" not in one
+
+    def torn_down(cmd, env, start_dir=None, exit_dir=None):
+        """mpiexec after a lost daemon: its ranks were up, none was released, none left a status; it returns 0."""
+        assert start_dir is None  # (several nodes: the start is not watched)
+        open(os.path.join(env["NLEVEL_START_DIR"], "up-0"), "w").close()
+        return 0, None
+
+    monkeypatch.setattr(launch, "is_open_mpi", lambda mpiexec: True)
+    monkeypatch.setattr(launch, "_run_forwarding_signals", torn_down)
+    assert launch.main(["--with-ft", "ulfm", "--host", "a:2,b:2", "./app"]) == 1
+
+    def ended(cmd, env, start_dir=None, exit_dir=None):
+        open(os.path.join(env["NLEVEL_START_DIR"], "up-0"), "w").close()
+        open(os.path.join(env["NLEVEL_START_DIR"], "done-0"), "w").close()
+        return 0, None
+
+    monkeypatch.setattr(launch, "_run_forwarding_signals", ended)
+    assert launch.main(["--with-ft", "ulfm", "--host", "a:2,b:2", "./app"]) == 0

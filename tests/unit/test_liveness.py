@@ -29,6 +29,8 @@ def beats(effects):
 
 def test_a_slave_beats_to_its_parent_once_per_beat_period():
     (master, slave, *_), now = stations()
+    assert beats(slave.handle(Tick())) == []  # (its parent heard it at the start)
+    now[0] += beat_period(5.0)
     assert [d for d, _ in beats(slave.handle(Tick()))] == [0]
     now[0] += beat_period(5.0) / 2
     assert beats(slave.handle(Tick())) == []
@@ -73,3 +75,82 @@ def test_the_progress_line_counts_running_tasks_as_busy():
         master.handle(Received(st.rank, beat))
     master.handle(Tick(running=9.5))
     assert abs(model_state(master, 4, 10.0)["measured"] - 0.05) < 1e-9
+
+
+def test_the_timeline_and_the_decisions_stay_bounded_over_a_long_job():
+    """Issue 35: one bin per 0.1 s per server, and one planner decision every few seconds, grew with the job."""
+    from nlevel.roles.autoplan import KEPT, AutoPlanner
+    from nlevel.roles.core import TIMELINE_MAX
+    from nlevel.runtime.report import timeline
+
+    (master, *_), now = stations()
+    wall = [0.0]
+    master.wall = lambda: wall[0]
+    d = master.server
+    for k in range(100_000):  # a day of 0.9 s steps, a range served at each
+        wall[0] = k * 0.9
+        d.served += 1
+        master._timeline(d)
+    assert len(master.served_bins) <= TIMELINE_MAX + 1 and sum(master.served_bins.values()) == 100_000
+    out = timeline({0: (master.timeline_bin, master.served_bins), 3: (0.1, {10: 5})}, 0.1)
+    assert len(out["served"]["0"]) <= TIMELINE_MAX and sum(out["served"]["0"]) == 100_000
+    assert sum(out["served"]["3"]) == 5
+    planner = AutoPlanner(64, Config(levels=0), Plan(2))
+    for k in range(1000):
+        planner._record({"time": k, "switch": k % 100 == 0})
+    assert len(planner.decisions) <= KEPT + 11 and planner.made == 1001
+    assert sum(1 for d in planner.decisions if d.get("switch")) == 10
+
+
+def test_a_finished_farm_is_not_kept_alive_by_its_exit_guard():
+    """Issue 35: atexit kept every Farm (its runtime, ledger and windows) of a process alive."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, weakref\n"
+        "from nlevel import Farm\n"
+        "refs = []\n"
+        "for _ in range(3):\n"
+        "    with Farm(5) as f:\n"
+        "        for t in f: pass\n"
+        "    refs.append(weakref.ref(f._rt)); del f\n"
+        "gc.collect()\n"
+        "print(sum(r() is not None for r in refs))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "0", out.stdout
+
+
+def test_a_million_failed_tasks_are_listed_in_part_and_counted_by_error():
+    """Issue 35: failed-task records bounded and summarised (the report, the release, stderr)."""
+    from nlevel.roles.messages import TaskFailure
+    from nlevel.runtime.report import FAILED_LINES, FAILED_LISTED, failed_lines, failed_summary, failed_tasks
+
+    led = Ledger(10**6)
+    for tid in range(10**5):
+        led.failed[tid] = TaskFailure(tid, "raised", "ValueError: bad input" if tid % 10 else "KeyError: x", 1, "h")
+    listed = failed_tasks(led)
+    assert len(listed) == FAILED_LISTED and listed[0]["id"] == 0
+    s = failed_summary(led)
+    assert s["count"] == 10**5 and s["by_error"][0] == {"kind": "raised", "error": "ValueError: bad input",
+                                                         "ids": 90_000}
+    lines = failed_lines(listed, len(led.failed)).splitlines()
+    assert len(lines) == FAILED_LINES + 1 and "and 99,980 more failed tasks" in lines[-1]
+
+
+def test_a_parent_that_itself_did_not_run_for_a_while_gives_its_children_a_lease_again():
+    """A loaded machine can stop the parent rather than the child: what it has not read yet may be
+    the children's beats, so after a gap of half a lease or more it does not judge on what it missed."""
+    (master, *_), now = stations()
+    now[0] = 1.0
+    master.handle(Tick())
+    now[0] = 30.0  # (the master's process did not run for 29 s)
+    assert not [e for e in master.handle(Tick()) if isinstance(e, Kill)]
+    for r in (1, 2, 3):
+        master.handle(Received(r, Heartbeat(0)))  # (their beats were waiting in its queue)
+    for t in (32.0, 34.0):
+        now[0] = t
+        assert not [e for e in master.handle(Tick()) if isinstance(e, Kill)]
+    now[0] = 35.6  # (ranks 1-3 silent for 5.6 s now, the master running all along)
+    assert sorted(e.rank for e in master.handle(Tick()) if isinstance(e, Kill)) == [1, 2, 3]

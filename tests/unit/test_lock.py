@@ -88,7 +88,7 @@ def test_the_heartbeat_keeps_another_hosts_lock_held(tmp_path):
     for _ in range(20):
         clock.t += 1.5
         lk.beat()
-    assert json.loads((tmp_path / "run.h5.lock").read_text())["heartbeat"] == pytest.approx(clock.t, abs=2.0)
+    assert L.read_holder(lk.path).heartbeat == pytest.approx(clock.t, abs=2.0)
     with pytest.raises(L.LockHeld):
         take(ck, host="n1", clock=clock)
 
@@ -99,10 +99,10 @@ def test_a_beat_is_written_at_most_once_per_interval(tmp_path):
     lk = take(ck, clock=clock, interval=5.0)
     clock.t += 4.0
     lk.beat()
-    assert json.loads((tmp_path / "run.h5.lock").read_text())["heartbeat"] == NOW
+    assert L.read_holder(lk.path).heartbeat == NOW
     clock.t += 1.0
     lk.beat()
-    assert json.loads((tmp_path / "run.h5.lock").read_text())["heartbeat"] == NOW + 5.0
+    assert L.read_holder(lk.path).heartbeat == NOW + 5.0
 
 
 @pytest.mark.parametrize("content", [b"", b"hello", b'{"host": "n1"}', b"[1, 2]", b'{"format": "other"}'])
@@ -125,7 +125,7 @@ def test_release_leaves_a_lock_that_another_job_took(tmp_path):
     lines: list[str] = []
     first.log = lines.append
     first.beat()  # it was slow, not dead: it learns it lost the lock
-    assert first.lost and "no longer this job's" in lines[0]
+    assert first.lost and first.lost.startswith("it now names host n1")
     first.release()
     assert json.loads((tmp_path / "run.h5.lock").read_text())["token"] == second.holder.token
 
@@ -187,3 +187,113 @@ def test_a_zombie_holder_is_not_alive():
     assert not pid_alive(child.pid)
     child.wait()
     assert pid_alive(os.getpid())
+
+
+def test_a_beat_never_writes_over_a_lock_another_job_took_meanwhile(tmp_path, monkeypatch):
+    """Issue 34: the beat read the lock (its own), then replaced the file: a job that took the lock
+    over in between (the first job's heartbeat had stopped for a while) lost it to a slow job that
+    did not know, and both wrote the checkpoint. Now the slow job learns it lost it; the other keeps it."""
+    ck = tmp_path / "run.h5"
+    clock = Clock()
+    slow = take(ck, host="n2", clock=clock, interval=1.0)
+    clock.t += 100  # (its heartbeat stopped: 100 intervals)
+    other: list[L.Lock] = []
+    tried: list[bool] = []
+
+    def takeover() -> None:
+        if not tried:  # (once: the take-over's own calls come through here too)
+            tried.append(True)
+            other.append(take(ck, host="n1", clock=clock, lines=[]))
+
+    # The other job takes the lock over right after the slow one has found its own token in it.
+    if hasattr(L, "_write_replace"):  # (the beat before the fix: read, then os.replace)
+        real = L._write_replace
+        monkeypatch.setattr(L, "_write_replace", lambda *a: (takeover(), real(*a)))
+    else:
+        real_utime = os.utime
+        monkeypatch.setattr(L.os, "utime", lambda *a, **k: (takeover(), real_utime(*a, **k)))
+    lines: list[str] = []
+    slow.log = lines.append
+    why = slow.beat()
+    assert other, "the take-over did not happen"
+    assert L.read_holder(slow.path).token == other[0].holder.token, "the slow job wrote over the other's lock"
+    assert slow.lost and why == slow.lost and why.startswith("it now names host n1")
+    assert slow.beat() == why and not lines  # (lost for good; the caller says it)
+
+
+def test_a_take_over_puts_back_a_lock_whose_heartbeat_came_back(tmp_path, monkeypatch):
+    """The other side of the race: the holder beats after a second job judged its lock stale and
+    before it moved the lock aside; the second job looks again at what it moved and puts it back."""
+    ck = tmp_path / "run.h5"
+    clock = Clock()
+    slow = take(ck, host="n2", clock=clock, interval=1.0)
+    clock.t += 100
+    real_rename = os.rename
+
+    def beat_first(src, dst):  # (the holder's beat lands between the judgement and the move)
+        if str(dst).endswith(f"stale-{__import__('socket').gethostname()}-{os.getpid()}"):
+            assert slow.beat() is None
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(L.os, "rename", beat_first)
+    with pytest.raises(CheckpointError, match="other jobs keep creating and removing it|in use by another job"):
+        take(ck, host="n1", clock=clock, lines=[])
+    assert L.read_holder(slow.path).token == slow.holder.token and slow.lost is None
+
+
+def test_a_lost_lock_stops_the_job_cleanly_and_its_checkpoint_is_not_written_again(tmp_path, monkeypatch):
+    """Issue 34: losing the lock was only logged; the job went on writing a checkpoint another job owned."""
+    from types import SimpleNamespace
+
+    from nlevel.config import Config
+    from nlevel.model.plan import Plan
+    from nlevel.roles.ledger import Ledger
+    from nlevel.runtime import checkpoint as ckpt
+    from nlevel.runtime.rank import MpiPort
+    from nlevel.testing.network import Network
+
+    # The loop: a heartbeat that says the lock is gone stops the job ("lock"), said once.
+    net = Network(4, Plan(2), 3000, 0, config=Config(levels=2, fault_tolerance="off"))
+    looks: list[int] = []
+
+    def heartbeat() -> str:
+        looks.append(1)
+        return "the lock run.h5.lock is not this job's any more (it now names host n9)" if len(looks) > 30 else ""
+
+    net.ports[0].heartbeat = heartbeat
+    out = net.run()
+    st = out.stations[0]
+    assert st.stopped and st.stop_reason == "lock" and out.ledger.n_committed < 3000
+    assert sum("stopping the job" in line for line in net.ports[0].logs) == 1
+    assert net.loops[0].checkpoint_error.startswith("the lock run.h5.lock is not this job's")
+
+    # The port: once the lock is another job's, nothing more is written to the checkpoint.
+    path = tmp_path / "run.h5"
+    meta = ckpt.RunMeta(10, "f" * 64, "{}", "{}", "0")
+    port = MpiPort(SimpleNamespace(rank=0), Config(), str(path), meta, ckpt.Writer(path, meta), 1)
+    port.lock = take(path)
+    led = Ledger(10, [(0, 3)])
+    assert port.heartbeat() == "" and port.write_checkpoint(led, True) == ""
+    port.writer = ckpt.Writer(path, meta)
+    before = os.stat(path).st_mtime_ns
+    monkeypatch.setattr(port.lock, "beat", lambda force=False: "it now names host n9, pid 1, job id -, since ?")
+    said = port.heartbeat()
+    assert said.startswith(f"the lock {path}.lock is not this job's any more (it now names host n9")
+    assert "which this job does not write again" in said
+    assert port.write_checkpoint(Ledger(10, [(0, 5)]), False) == said
+    assert port.write_checkpoint(Ledger(10, [(0, 10)]), True) == said
+    assert isinstance(port.checkpoint_error, CheckpointError) and os.stat(path).st_mtime_ns == before
+
+
+def test_status_sees_the_heartbeat_in_the_lock_files_time(tmp_path):
+    """The beat refreshes the file's modification time, not its text: python -m nlevel.status reads both."""
+    from nlevel.runtime.status import read_lock
+
+    ck = tmp_path / "run.h5"
+    clock = Clock()
+    lk = take(ck, host="n9", pid=11, clock=clock, interval=5.0)
+    clock.t += 600
+    assert lk.beat() is None
+    lock = read_lock(lk.path)
+    assert lock["heartbeat"] == pytest.approx(NOW + 600) and json.loads(open(lk.path).read())["heartbeat"] == NOW
+    assert assemble(str(ck), None, None, lock, now=NOW + 602, this_host="login1")["running"]

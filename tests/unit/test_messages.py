@@ -33,7 +33,7 @@ SAMPLES = [
     Heartbeat(3, 2.5),
     TimedOut(3, ((17, 18),), 2.5, "h"),
     Ending(({"rank": 3, "tasks": 7},), {"unexpected": 1, "failures": []}),
-    Release(1, (2, 5), {"complete": False}, True),
+    Release(1, (2, 5), {"complete": False}, True, "cannot write checkpoint run.h5: No space left on device", 28),
     Halt(2, "ValueError: result of task 0 must be a number (x), got 'a'"),
 ]
 DEFAULTS = [Report(), Regroup(0, Plan()), Ack(0), Holding(), Mirror(), Drain(), KillRequest(0), BoardOp(0, "read", 0),

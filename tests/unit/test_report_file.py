@@ -46,3 +46,28 @@ def test_no_file_or_an_unreadable_one_does_not_stand(tmp_path):
     bad = tmp_path / "half.json"
     bad.write_text('{"complete": tr')
     assert not master_wrote(bad, "abc")
+
+
+def test_writing_a_report_never_changes_the_umask_which_other_threads_create_files_under(tmp_path, monkeypatch):
+    """Issue 34: write_json read the umask by setting it to 0 and back, from the status thread, while
+    other threads created files: one made in between was world-writable. The mode comes from the kernel now."""
+    import threading
+
+    calls: list[tuple[int, str]] = []
+    real = os.umask
+
+    def umask(mask):
+        calls.append((mask, threading.current_thread().name))
+        return real(mask)
+
+    monkeypatch.setattr(os, "umask", umask)
+    old = real(0o027)
+    try:
+        t = threading.Thread(target=write_json, args=(tmp_path / "r.json", {"complete": True}), name="nlevel-status")
+        t.start()
+        t.join()
+        assert calls == [], f"the umask was changed: {calls}"
+        assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o640  # (0666 less the umask)
+    finally:
+        real(old)
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]

@@ -256,3 +256,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, name, message):
     out = run_status(name, cwd=tmp_path)
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert (tmp_path / "notes.h5").read_text() == "my notes\n"
+
+
+def test_a_job_whose_heartbeat_stopped_is_not_running_and_says_since_when():
+    """Issue 33: a node lost with the master on it; status, on another host, said "running: yes"
+    because the lock's heartbeat (every 5 s) was still recent. The record's heartbeat (every 2 s,
+    same process) says sooner that it stopped, and how long ago."""
+    lock = {"host": "node1", "pid": 4242, "started": NOW - 20, "heartbeat": NOW - 9, "heartbeat_interval": 5.0}
+    st = conclude(rec=record(host="node1", updated=NOW - 9), lock=lock, host="login1")
+    assert not st["running"]
+    text = S.format_status(st, now=NOW)
+    assert "running: no job holds it now (its record names pid 4242 on node1: heartbeat stopped 9 s ago " \
+           "(expected every 2 s))" in text, text
+    assert conclude(rec=record(host="node1", updated=NOW - 3), lock=lock, host="login1")["running"]
+    assert conclude(lock=lock, host="login1")["running"]  # (the lock alone: 9 s is within three 5 s beats)
+    assert not conclude(lock={**lock, "heartbeat": NOW - 18}, host="login1")["running"]

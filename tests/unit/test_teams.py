@@ -194,8 +194,9 @@ def test_each_task_writes_its_own_files_python_c_and_children(tmp_path):
     assert (d / "4.err").read_text() == "warn 4\n"
     assert proc.stdout == "after the tasks\n"
     assert "nlevel line during 3" in proc.stderr and "warn" not in proc.stderr
-    assert files_of(str(d), 3) == [str(d / "3.err"), str(d / "3.out")]
-    assert files_of(str(d), 7) == [str(d / "7.out"), str(d / "7.err")]  # (none there: the names it writes)
+    (d / "31.out").write_text("")  # (another id that starts with 3)
+    assert files_of(str(d), [3, 7]) == {3: [str(d / "3.err"), str(d / "3.out")],
+                                        7: [str(d / "7.out"), str(d / "7.err")]}  # (none there: the names it writes)
 
 
 # ---------------------------------------------------------------- the app and the roles
