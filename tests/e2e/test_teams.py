@@ -150,9 +150,9 @@ def test_each_team_gets_its_own_gpus_from_a_fake_list(tmp_path, mpi_env):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("args,env,said", [
-    (["--ranks-per-task", "0"], {}, "ranks_per_task must be an integer >= 1, got 0"),
+    (["--ranks-per-task", "0"], {}, "--ranks-per-task must be an integer >= 1, got '0'"),
     (["--ranks-per-task", "5"], {}, "ranks_per_task 5 is larger than the job's 4 process(es); expected 1 to 4"),
-    (["--gpus-per-task", "-1"], {}, "gpus_per_task must be an integer >= 0, got -1"),
+    (["--gpus-per-task", "-1"], {}, "--gpus-per-task must be an integer >= 0, got '-1'"),
     (["--ranks-per-task", "2", "--gpus-per-task", "2"], {"NLEVEL_GPUS": "0,1"},
      "node vm has 2 GPU(s) (CUDA_VISIBLE_DEVICES=0,1) for 2 team(s) there: 4 needed"),
     (["--task-output", "afile"], {}, "is a file; expected a directory"),
