@@ -34,6 +34,7 @@ leaves the job. Without ULFM a death ends the job; the same command resumes it f
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ __all__ = ["Teams", "TeamBroken", "Follower", "form", "wanted", "portable", "rec
 OK, FAILED, LEFT, ERROR = 0, 1, 2, 3
 _TAG_SETUP, _TAG_END = 1, 2  # on the private duplicate of the user's communicator
 _TAG_TEXT = 1  # on the team's own: a member's failure text, sent before the closing gather
+_END_LOOK = 0.005  # seconds: the longest sleep of a follower waiting for the set-up's outcome or the job's end
 
 
 class TeamBroken(Exception):
@@ -110,7 +112,6 @@ class Teams:
     spoilt: bool = False
     _bcast: Any = None
     _buf: Any = field(default_factory=lambda: np.zeros(2, np.int64))
-    _in: Any = None
     _watch: threading.Thread | None = None
     _watch_stop: threading.Event = field(default_factory=threading.Event)
 
@@ -202,20 +203,8 @@ class Teams:
         """This leader's team lost a process: revoke its communicators, stop the members on this node."""
         if self.is_broken:
             return
-        self.is_broken = True
         self.stop_watch()
-        revoke(self.wire)
-        revoke(self.team)
-        here = self.places[self.rank][0]
-        stopped = []
-        for r in self.lay.teams[self.index][1:] if self.index is not None else ():
-            h, pid = self.places[r]
-            if h == here:
-                try:
-                    os.kill(pid, 9)
-                    stopped.append(r)
-                except OSError:
-                    pass  # (it is the one that died)
+        stopped = self._stop_members_here()
         said = f"; members {', '.join(map(str, stopped))} on this node stopped" if stopped else ""
         console(2).write(f"nlevel: rank {self.rank} (leader of team {self.index}): {why}: the team cannot run "
                          f"its tasks any more{said}; its task goes back (counted as a death) and this rank leaves "
@@ -225,19 +214,26 @@ class Teams:
     def stop_members(self) -> None:
         """Last words of a leader that kills itself (a task past --task-timeout, a drain, an error under ULFM):
         its members on this node go with it (one may be the hung one), the others are released by the revoke."""
-        if self.wire is None or self.is_broken:
-            return
+        if self.wire is not None and not self.is_broken:
+            self._stop_members_here()
+
+    def _stop_members_here(self) -> list[int]:
+        """Revoke the team's communicators (no rank waits in them any more) and SIGKILL the members on this
+        node (a team short of a rank cannot run a task; one of them may be hung); return those signalled."""
         self.is_broken = True
         revoke(self.wire)
         revoke(self.team)
         here = self.places[self.rank][0]
+        stopped = []
         for r in self.lay.teams[self.index][1:] if self.index is not None else ():
             h, pid = self.places[r]
             if h == here:
                 try:
-                    os.kill(pid, 9)
+                    os.kill(pid, signal.SIGKILL)
+                    stopped.append(r)
                 except OSError:
-                    pass
+                    pass  # (it is the one that died)
+        return stopped
 
     def check(self) -> None:
         """Under ULFM, from a thread: a process of the team known dead revokes the team's communicators, so no
@@ -326,7 +322,9 @@ class Teams:
         return m.recv()
 
     def _receive(self, tag: int) -> Any:
-        backoff = Backoff(self.poll_max)
+        # (the set-up's outcome, or the job's end: a rank left over waits for it the whole job, and
+        # nobody waits for it; a few milliseconds between looks leave the cores to the others)
+        backoff = Backoff(max(self.poll_max, _END_LOOK))
         try:
             while (m := self.job.improbe(self.leader, tag)) is None:
                 backoff.wait()
