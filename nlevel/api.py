@@ -42,7 +42,7 @@ from .roles.results import as_result, describe, shown
 # which `import nlevel` must not do. tests/unit/test_first_call.py holds the first call to that.
 from .runtime import costs as _costs, identity as _identity, pids as _pids, rank as _rank, report as _report  # noqa: F401
 
-__all__ = ["Farm", "get_task_id"]
+__all__ = ["Farm", "get_task_id", "get_team"]
 
 _clock = time.perf_counter
 
@@ -78,6 +78,18 @@ class Farm:
         config: Settings (default: ``NLEVEL_*`` variables, then defaults).
         result_fields: Names of the numbers :meth:`complete` takes per task (e.g. ``("score",)``
             or ``("score", "evaluations")``); default: one number, unnamed.
+        ranks_per_task: Processes per task (default: the config's ``ranks_per_task``, 1). With
+            ``k > 1`` the ranks form teams of ``k`` (inside a node when it holds them); every
+            rank of a team runs the same loop and gets the same ids, and :attr:`team` is the
+            team's own communicator. The team's first rank (its leader) takes part in the farm;
+            its result is the one committed (see :meth:`complete`). Ranks in no team (the
+            world's size is not a multiple of ``k``) are named in one warning; their loop has
+            no id. The same value on every rank.
+        gpus_per_task: GPUs per task (default: the config's, 0): each team (or rank) gets its own
+            from its node's list, set in ``CUDA_VISIBLE_DEVICES`` (or the allocation's variable)
+            here, before the first task.
+        task_output: A directory (default: the config's, none): each task's stdout and stderr
+            (fd 1 and 2, Python's and C's) go to ``DIR/<id>.out`` and ``DIR/<id>.err`` while it runs.
 
     Raises:
         ConfigError, PlanError, CheckpointError: on every rank alike, naming the bad value. A
@@ -97,6 +109,9 @@ class Farm:
         config: Config | None = None,
         result_fields: Sequence[str] | None = None,
         retry_failed: bool = False,
+        ranks_per_task: int | None = None,
+        gpus_per_task: int | None = None,
+        task_output: str | os.PathLike[str] | None = None,
     ) -> None:
         from .runtime import signals
         from .runtime.farm import FarmRuntime
@@ -109,11 +124,31 @@ class Farm:
         if not isinstance(retry_failed, bool):
             raise ConfigError(f"retry_failed must be True or False, got {retry_failed!r}")
         signals.check_thread()  # SIGUSR1: stop cleanly (checkpoint, then exit); never the default "terminate"
-        rt = self._rt = FarmRuntime(total, checkpoint, comm, fingerprint, fresh, config, self.result_fields,
-                                    retry_failed=retry_failed)
+        config, teams = _teams(comm, config, ranks_per_task, gpus_per_task, task_output)
+        self._teams = teams
+        rt: Any
+        if teams is None or teams.is_leader:
+            try:
+                rt = FarmRuntime(total, checkpoint, teams.farm_comm if teams is not None else comm, fingerprint, fresh,
+                                 config, self.result_fields, retry_failed=retry_failed)
+            except BaseException as exc:
+                if teams is not None:
+                    from .runtime.teams import portable
+
+                    teams.tell(("error", portable(exc)))
+                raise
+            if teams is not None:
+                teams.poll_max = rt.config.poll_max
+                teams.tell(("ok", {"total": rt.total, "config": rt.config, "job": rt.job, "started": rt.started,
+                                   "ft": rt.ft}))
+        else:
+            from .runtime.teams import Follower
+
+            rt = Follower(teams)
+        self._rt = rt
         self.total: int = rt.total
-        self.rank: int = rt.rank
-        self.size: int = rt.size
+        self.rank: int = rt.rank if teams is None else teams.rank
+        self.size: int = rt.size if teams is None else teams.job.Get_size()
         self.config: Config = rt.config
         self.report: dict[str, Any] | None = None
         # The range in hand: ids [_lo, _cur) ran, _cur is the next to hand out, _stop ends the range.
@@ -138,8 +173,53 @@ class Farm:
         self._misuse: BaseException | None = None
         self._closed = False
         self._progress_started = False
-        rt.runner.current_task = self._current_task
+        self._output: Any = None  # the per-task output files (task_output)
+        self._in_hand = -1  # a team's leader: the id its team runs now (-1: none)
+        if teams is not None:
+            self._team_setup(teams)
+        if isinstance(rt, FarmRuntime):
+            rt.runner.current_task = self._current_task
         atexit.register(self._exit_guard)  # the farm runs: leaving mid-job must not hang the others
+
+    def _team_setup(self, teams: Any) -> None:
+        """Teams, GPUs or per-task output: the loop's calls go through :meth:`_lead_next` or :meth:`_follow_next`."""
+        from .runtime.output import TaskOutput
+        from .runtime.teams import register_last_words
+
+        if teams.output and teams.index is not None:
+            from .runtime.output import console
+
+            self._output = TaskOutput(teams.output, "" if teams.member <= 0 else f".{teams.member}")
+            if teams.is_leader:  # (nlevel's own lines stay out of the tasks' files)
+                self._rt.port.stream = console(2)
+                if self._rt.progress is not None:
+                    self._rt.progress.stream = console(1)
+        cfg = self.config
+        if teams.rank == 0 and teams.wire is not None and cfg.on_task_error != "abort" and not cfg.task_timeout:
+            stops = ("the team's communicator is revoked, which ends MPI's own collectives, not every library's"
+                     if cfg.ft else "without ULFM nothing can end them")
+            sys.stderr.write(f"nlevel: warning: on_task_error {cfg.on_task_error} with teams of {teams.lay.k}: a task "
+                             f"that raises on some ranks of its team only can leave the others waiting in its "
+                             f"collectives ({stops}); set a task_timeout\n")
+        if teams.is_leader:
+            self.next = self._lead_next  # type: ignore[method-assign]
+            register_last_words(teams)
+            if teams.wire is not None and teams.ft:
+                self._rt.runner.watch = teams.check
+        else:
+            self.next = self._follow_next  # type: ignore[method-assign]
+            teams.start_watch()
+
+    @property
+    def team(self) -> Any:
+        """This rank's team communicator (an mpi4py communicator of ``ranks_per_task`` ranks, for the
+        user's own communication in a task; ``MPI.COMM_SELF`` for tasks of one rank; None on a rank in no team)."""
+        teams = self._teams
+        if teams is None:
+            from .runtime.transport import self_comm
+
+            return self_comm()
+        return teams.team
 
     # -- iteration ------------------------------------------------------------------------------
     def next(self) -> int:
@@ -159,6 +239,132 @@ class Farm:
         if self._closed or self._broke or cur <= self._lo or cur > stop:
             return None
         return cur - 1, self._t
+
+    def _lead_next(self) -> int:
+        """:meth:`next` of a team's leader (or of a rank with GPUs or per-task output): the team's
+        closing collective ends the task in hand, then the next id goes to the team."""
+        teams = self._teams
+        out = self._output
+        if out is not None:
+            out.end()
+        if self._in_hand >= 0 and teams.wire is not None and not self._close_team_task():
+            return -1
+        tid = Farm.next(self)
+        self._in_hand = tid
+        if tid >= 0:
+            if teams.wire is not None:
+                teams.announce(tid, renew=teams.spoilt)
+            if out is not None:
+                out.start(tid)
+        return tid
+
+    def _close_team_task(self) -> bool:
+        """The team's closing collective for the task in hand (the leader's current task lasts until it
+        returns); a member's failure fails the task. Returns False when the loop is over here: the team
+        broke (a death under ULFM) or a member left the loop."""
+        from .runtime.teams import ERROR, FAILED, LEFT, TeamBroken
+
+        tid, self._in_hand = self._in_hand, -1
+        try:
+            said = self._teams.close_task()
+        except TeamBroken as exc:
+            self._team_broke(tid, str(exc))
+            return False
+        over = False
+        mine = next((f for f in self._failed if f.id == tid), None)
+        if mine is not None and "REVOKED" in mine.error and any(code == FAILED for _, code, _ in said):
+            self._failed.remove(mine)  # (a member's error revoked the team's communicator: its error says why)
+            self._completed = -1
+        for j, code, text in said:
+            if code == FAILED and self._teams.ft:
+                self._teams.spoilt = True  # (it revoked the team's communicator: a new one before the next task)
+            if code == FAILED and not (self._completed == tid and self._completed_by == "fail"):
+                from .runtime.transport import host
+
+                error, detail = text
+                rank = self._teams.lay.teams[self._teams.index][j]
+                self._results = [r for r in self._results if r[0] != tid]
+                self._failed.append(TaskFailure(tid, "raised", f"team member {j} (rank {rank}): {error}",
+                                                self._rt.rank, host(), detail))
+                self._completed, self._completed_by = tid, "fail"
+            elif code == ERROR:
+                self._rt.runner.user_error(text)
+                over = True
+            elif code == LEFT:
+                over = True
+        if over:
+            self.close()
+            return False
+        return True
+
+    def _team_broke(self, tid: int, why: str) -> None:
+        """A process of this leader's team died (ULFM): the task in hand fails as a death, the loop ends here."""
+        from .runtime.teams import record_loss
+        from .runtime.transport import host
+
+        self._teams.broke(why)
+        if not self._closed:
+            record_loss(self._rt, self._teams, tid, why)
+        if tid >= 0 and not self._closed:
+            self._results = [r for r in self._results if r[0] != tid]
+            self._failed = [f for f in self._failed if f.id != tid]
+            self._failed.append(TaskFailure(tid, "team", why, self._rt.rank, host()))
+            self._completed, self._completed_by = tid, "fail"
+        self._in_hand = -1
+        self.close()
+
+    def _follow_next(self) -> int:
+        """:meth:`next` of a team's member (the leader's ids, through the team's collectives) or of a rank in no
+        team (no id: it waits for the job's end)."""
+        if self._closed:
+            return -1
+        out = self._output
+        if out is not None:
+            out.end()
+        teams = self._teams
+        if teams.wire is None:  # left over
+            self._end_follower()
+            return -1
+        code: int | None = None
+        text: Any = None
+        if self._stop > self._lo:  # (a task in hand)
+            from .runtime.teams import FAILED, OK
+
+            code = OK
+            if self._failed:
+                code, text = FAILED, (self._failed[-1].error, self._failed[-1].traceback)
+        try:
+            tid = teams.next_id(code, text)
+        except Exception as exc:
+            from .runtime.teams import TeamBroken
+
+            if not isinstance(exc, TeamBroken):
+                raise
+            teams.leave(str(exc))
+            raise
+        if tid < 0:
+            self._end_follower()
+            return -1
+        self._lo, self._cur, self._stop = tid, tid + 1, tid + 1
+        self._completed, self._failed = -1, []
+        if out is not None:
+            out.start(tid)
+        return tid
+
+    def _end_follower(self) -> None:
+        """A follower: the job is over (its leader's -1): take the job's end as the leader saw it."""
+        self._lo = self._stop = self._cur
+        self._closed = True
+        try:
+            self._rt.ended(self._teams.end())
+            if self._rt.exit_code is None:
+                atexit.unregister(self._exit_guard)  # (nothing to do at exit: see _finish)
+        except Exception as exc:
+            from .runtime.teams import TeamBroken
+
+            if isinstance(exc, TeamBroken):
+                self._teams.leave(str(exc))
+            raise
 
     def _next_range(self) -> int:
         if self._closed:
@@ -236,11 +442,32 @@ class Farm:
             return
         if self._closed and isinstance(exc, NlevelError):
             return  # the job's end was reached (every rank released); its error goes to the caller, no abort
+        if self._team_lost(exc):
+            return True  # type: ignore[return-value]  # (a death in the team: the loop is over here, not the program)
         if exc is not None and exc is self._misuse:
             if not self._closed:
                 self._stop_for(self._misuse)
             return  # (the error goes on to the caller; after the job's end nothing is left to stop)
         _abort_job(self.rank, "unhandled exception in the task loop", exc_type, exc, tb, self._rt.ft)
+
+    def _team_lost(self, exc: BaseException) -> bool:
+        """Under ULFM, an exception in a team's task after a process of the team died (the user's collective
+        on :attr:`team` failed): the task fails as a death, and this rank's loop is over (a leader
+        serves on until the job's end; a member leaves the job)."""
+        from .runtime.teams import TeamBroken
+        from .runtime.transport import broken
+
+        teams = self._teams
+        if teams is None or not teams.ft or teams.wire is None or self._closed:
+            return False
+        if not (isinstance(exc, TeamBroken) or teams.is_broken or broken(teams.wire)):
+            return False
+        why = str(exc) if isinstance(exc, TeamBroken) else f"a process of team {teams.index} died ({exc!r})"
+        if teams.is_leader:
+            self._team_broke(self._in_hand, why)
+            return True
+        teams.leave(why)
+        return True
 
     def _stop_for(self, exc: BaseException) -> None:
         """An error :meth:`complete` raised left the user's loop: an error in the program, not in a task.
@@ -251,7 +478,11 @@ class Farm:
         leave their loops as after a stop, without an error. This rank ends its part like any
         other, then the error goes on to its caller; every process ends with exit status 1.
         """
-        self._rt.runner.user_error(f"{type(exc).__name__}: {exc}")
+        why = f"{type(exc).__name__}: {exc}"
+        if self._teams is not None and not self._teams.is_leader:
+            self._rt.error = why  # (its leader stops the job, told at the team's closing collective)
+        else:
+            self._rt.runner.user_error(why)
         self.close()
 
     # -- the current task ---------------------------------------------------------------------
@@ -289,7 +520,8 @@ class Farm:
                 want = describe(self._width, self.result_fields)
                 raise self._misused(ValueError(f"result of task {tid} must be {want}, got {shown(result)}: {exc}")) \
                     from None
-            self._results.append((tid, value))
+            if self._teams is None or self._teams.is_leader:  # (a member's result is not committed: the leader's is)
+                self._results.append((tid, value))
         self._completed, self._completed_by = tid, "complete"
 
     def _not_in_hand(self, tid: int, call: str) -> str:
@@ -321,9 +553,15 @@ class Farm:
             from .runtime.transport import host
 
             failure = TaskFailure(tid, "raised", failure.strip().splitlines()[-1] if failure.strip() else "error",
-                                  self.rank, host(), failure)
+                                  self._rt.rank, host(), failure)
+        elif self._teams is not None and failure.rank != self._rt.rank and self._rt.rank >= 0:
+            from dataclasses import replace
+
+            failure = replace(failure, rank=self._rt.rank)  # (the farm's rank: the leader's, not the world's)
         self._failed.append(failure)
         self._completed, self._completed_by = tid, "fail"
+        if self._teams is not None:
+            self._teams.spoil()  # (under ULFM: the team's other ranks may wait in the task's collectives)
 
     # -- the end ----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -334,6 +572,15 @@ class Farm:
         """
         if self._closed:
             return
+        teams = self._teams
+        if teams is not None:
+            if self._output is not None:
+                self._output.end()
+            if not teams.is_leader:
+                self._close_follower()
+                return
+            if self._in_hand >= 0 and teams.wire is not None and not self._close_team_task():
+                return  # (the team broke, or a member left: closed meanwhile)
         cur = self._cur
         current = cur - 1
         upto = cur if (current >= self._lo and self._completed == current) else max(self._lo, current)
@@ -341,6 +588,25 @@ class Farm:
         self._rt.leave(unstarted, self._ran(upto))
         self._stop = self._cur = upto
         self._finish()
+
+    def _close_follower(self) -> None:
+        """A member leaves the loop: its leader hears so at the closing collective (and ends its loop), then the end."""
+        from .runtime.teams import ERROR, LEFT, TeamBroken
+
+        teams = self._teams
+        if teams.wire is None:
+            self._end_follower()
+            return
+        code: int | None = LEFT if self._stop > self._lo else None
+        text: Any = None
+        if self._rt.error:
+            code, text = ERROR, self._rt.error
+        try:
+            while teams.next_id(code, text) >= 0:  # (ids the leader sent before it heard)
+                code, text = LEFT, None
+        except TeamBroken as exc:
+            teams.leave(str(exc))
+        self._end_follower()
 
     def _finish(self) -> None:
         if self._closed:
@@ -351,6 +617,10 @@ class Farm:
             rt.end()
         finally:
             self.report = rt.report
+            if self._teams is not None:
+                self._teams.finish({"code": rt.exit_code, "released": rt.released_code, "failed": rt.failed})
+                if self.report is not None:
+                    self.report["teams"] = self._teams.describe()
             if rt.exit_code is None:
                 # Over, and nothing to do at exit: the guard would keep this farm (its ledger, its
                 # windows' memory) alive until the interpreter ends, one per farm the process ran.
@@ -419,6 +689,10 @@ class Farm:
 
     def agree_status(self, status: int) -> int:
         """The worst of every surviving rank's ``status`` (collective; after the farm ended)."""
+        teams = self._teams
+        if teams is not None:  # (every rank of the user's communicator, followers too)
+            rt = self._rt
+            return teams.agree(max(status, rt.released_code), local=bool(rt.ft or rt.failed))
         return self._rt.agree_status(status)
 
     def hold_deputy(self) -> None:
@@ -488,7 +762,8 @@ _last_farm: Farm | None = None
 
 
 def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = None, comm: Any = None, *,
-                fingerprint: dict[str, Any] | str | None = None, retry_failed: bool = False) -> int:
+                fingerprint: dict[str, Any] | str | None = None, retry_failed: bool = False,
+                ranks_per_task: int | None = None) -> int:
     """Return the next task id for this rank, or a negative number when there is none left.
 
     The first call on a communicator sets the farm up (collectively: every rank must
@@ -507,6 +782,8 @@ def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = Non
             the call that sets the farm up.
         retry_failed: Run again the ids the checkpoint records as failed (see :class:`Farm`).
             Read by the call that sets the farm up.
+        ranks_per_task: Processes per task (see :class:`Farm`): every rank of a team gets the
+            same ids; :func:`get_team` is the team's communicator. Read by the call that sets the farm up.
 
     Returns:
         A task id in ``[0, total)``, or -1.
@@ -523,11 +800,11 @@ def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = Non
             farm._t = t
             farm._cur = cur + 1
             return cur
-    return _get_task_id(total, checkpoint_file, comm, fingerprint, retry_failed)
+    return _get_task_id(total, checkpoint_file, comm, fingerprint, retry_failed, ranks_per_task)
 
 
 def _get_task_id(total: int, checkpoint_file: Any, comm: Any, fingerprint: Any = None,
-                 retry_failed: bool = False) -> int:
+                 retry_failed: bool = False, ranks_per_task: int | None = None) -> int:
     global _last_comm, _last_farm, last_report
     from .runtime import transport
 
@@ -535,11 +812,13 @@ def _get_task_id(total: int, checkpoint_file: Any, comm: Any, fingerprint: Any =
     key = transport.comm_key(c)
     farm = _active.get(key)
     if farm is None:
-        farm = Farm(total, checkpoint_file, c, fingerprint=fingerprint, retry_failed=retry_failed)
+        farm = Farm(total, checkpoint_file, c, fingerprint=fingerprint, retry_failed=retry_failed,
+                    ranks_per_task=ranks_per_task)
         _active[key] = farm
     elif isinstance(total, bool) or not isinstance(total, int) or total != farm.total:
         raise ConfigError(f"get_task_id called with total={total!r} while a farm with total={farm.total} is running")
-    _last_comm, _last_farm = comm, farm
+    # (a call that has an id in hand returns it at once: not in teams, whose every id is a collective)
+    _last_comm, _last_farm = (comm, farm) if farm._teams is None else (None, None)
     try:
         tid = farm.next()
     except NlevelError:
@@ -553,6 +832,48 @@ def _get_task_id(total: int, checkpoint_file: Any, comm: Any, fingerprint: Any =
         if farm.report is not None:
             last_report = farm.report
     return tid
+
+
+def get_team(comm: Any = None) -> Any:
+    """The team communicator of this rank in the farm :func:`get_task_id` runs on ``comm`` (see :attr:`Farm.team`).
+
+    Raises:
+        RuntimeError: no farm runs on ``comm`` (call it after :func:`get_task_id` returned an id).
+    """
+    from .runtime import transport
+
+    farm = _active.get(transport.comm_key(comm if comm is not None else transport.world()))
+    if farm is None:
+        raise RuntimeError("get_team() called with no farm running on this communicator; call it inside the "
+                           "get_task_id loop")
+    return farm.team
+
+
+def _teams(comm: Any, config: Config | None, ranks_per_task: Any, gpus_per_task: Any,
+           task_output: Any) -> tuple[Config | None, Any]:
+    """The settings with the Farm's arguments applied, and the teams (None: one rank per task, no
+    GPUs, no per-task output; then the farm's set-up is as it always was)."""
+    if config is None and ranks_per_task is None and gpus_per_task is None and task_output is None \
+            and not any(os.environ.get(v) for v in ("NLEVEL_RANKS_PER_TASK", "NLEVEL_GPUS_PER_TASK",
+                                                     "NLEVEL_TASK_OUTPUT")):
+        return config, None
+    try:
+        cfg = config if config is not None else Config.from_env()
+    except NlevelError:
+        return config, None  # (rank 0 says what is wrong with the settings, at the farm's set-up)
+    changes = {name: value for name, value in (("ranks_per_task", ranks_per_task), ("gpus_per_task", gpus_per_task),
+                                               ("task_output", task_output)) if value is not None}
+    if "task_output" in changes and isinstance(changes["task_output"], os.PathLike):
+        changes["task_output"] = os.fspath(changes["task_output"])
+    if cfg.task_output and not os.path.isabs(cfg.task_output):
+        changes["task_output"] = os.path.abspath(cfg.task_output)  # (the report and the status name its files)
+    if changes:
+        cfg = cfg.with_(**changes)
+    from .runtime.teams import form, wanted
+
+    if not wanted(cfg):
+        return cfg if config is not None or changes else config, None
+    return cfg, form(comm, cfg)
 
 
 #: The report of the last farm that :func:`get_task_id` finished on this rank (rank 0 only).

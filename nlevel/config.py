@@ -112,6 +112,11 @@ def _choice(*choices: str) -> Check:
     return check
 
 
+def _text(name: str, v: Any) -> None:
+    if not isinstance(v, str):
+        raise ConfigError(f"{name} must be text (a path, or none), got {v!r}")
+
+
 def _bool(name: str, v: Any) -> None:
     if not isinstance(v, bool):
         raise ConfigError(f"{name} must be true or false, got {v!r}")
@@ -132,6 +137,7 @@ GROUPS: dict[str, str] = {
     "failures": "failures",
     "batching": "batching of ids and completions",
     "runtime": "the runtime (polling, threads, progress)",
+    "tasks": "tasks that need several processes, GPUs, per-task output",
 }
 
 
@@ -261,6 +267,19 @@ class Config:
     atomic_service: float = _setting(
         2e-7, "the model's time one one-sided operation occupies the board owner's memory",
         group="auto", check=_non_negative_float, unit="s")
+
+    ranks_per_task: int = _setting(
+        1, "processes per task: the ranks form teams of this many (on one node when it holds them), each "
+        "running one task at a time on its own communicator (every rank reads its own value)",
+        group="tasks", check=_int_at_least(1), unit="ranks")
+    gpus_per_task: int = _setting(
+        0, "GPUs per task: each team (or rank) gets its own from its node's list, set in CUDA_VISIBLE_DEVICES "
+        "(or the allocation's variable) at the farm's set-up; 0 = leave the devices alone",
+        group="tasks", check=_int_at_least(0), unit="GPUs")
+    task_output: str = _setting(
+        "", "directory for each task's stdout and stderr (fd 1 and 2): DIR/ID.out and DIR/ID.err, "
+        "of the task's last attempt; none = the job's own output", group="tasks", check=_text,
+        words={"none": ""})
 
     @property
     def ft(self) -> bool:

@@ -12,7 +12,7 @@ from typing import Callable
 from ..model.hierarchy import Hierarchy
 from ..ranges import RangeSet, Ranges
 from .ledger import Ledger
-from .messages import Report, Result, TaskFailure
+from .messages import TEAM_DEATH, Report, Result, TaskFailure
 from .server import Boards, Child, Server, Sizing
 
 __all__ = ["Master"]
@@ -84,6 +84,9 @@ class Master(Server):
 
     def task_failed(self, failure: TaskFailure) -> None:
         tid = failure.id
+        if failure.kind == TEAM_DEATH:  # (an orphan report's: counted here as the child's server would)
+            self.requeue_lost(RangeSet.span(tid, tid + 1), failure.rank, failure.host, failure.error)
+            return
         n = self.attempts[tid] = self.attempts.get(tid, 0) + 1
         if failure.kind == "raised" and n <= self.retries:
             self.take_back(((tid, tid + 1),))  # runs again, most likely on another rank

@@ -40,7 +40,7 @@ from ..model.plan import Plan
 from ..ranges import Ranges
 
 __all__ = [
-    "Tag", "Result", "TaskFailure", "FailureRecord",
+    "Tag", "Result", "TaskFailure", "TEAM_DEATH", "FailureRecord",
     "Report", "Regroup", "Ack", "Holding", "Mirror", "Drain", "KillRequest", "BoardOp", "BoardReply",
     "Gone", "Heartbeat", "TimedOut", "Ending", "Release", "Halt", "Message", "MESSAGES", "TAGS", "encode", "decode",
 ]
@@ -76,8 +76,10 @@ class TaskFailure:
     Attributes:
         id: The task id.
         kind: ``"raised"`` (the task raised), ``"died"`` (processes died holding it, until
-            it was quarantined), ``"timeout"`` (it ran past ``--task-timeout``) or ``"bad result"``
-            (a report brought a result that cannot be stored, see :mod:`nlevel.roles.results`).
+            it was quarantined), ``"timeout"`` (it ran past ``--task-timeout``), ``"bad result"``
+            (a report brought a result that cannot be stored, see :mod:`nlevel.roles.results`), or,
+            in a report only, ``"team"`` (:data:`TEAM_DEATH`: a process of the reporting rank's
+            team died running it; the parent counts a death and runs it again).
         error: One line: the exception, or how the process died.
         rank, host: Where it happened (-1 and "" when not known).
         traceback: The formatted traceback of a task that raised.
@@ -97,6 +99,10 @@ class TaskFailure:
         where = f" on rank {self.rank}" + (f" ({self.host})" if self.host else "") if self.rank >= 0 else ""
         tries = f" after {self.attempts} attempts" if self.attempts > 1 else ""
         return f"task {self.id} {self.kind}{where}{tries}: {self.error}"
+
+
+#: The kind of a :class:`TaskFailure` whose attempt failed because a process of the rank's team died.
+TEAM_DEATH = "team"
 
 
 @dataclass(frozen=True, slots=True)

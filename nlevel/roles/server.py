@@ -32,7 +32,7 @@ from ..model.cost import CHUNK_TARGET, HORIZON, auto_ids
 from ..model.hierarchy import Hierarchy
 from ..ranges import RangeSet, Ranges, Tally
 from .board import MAX_LEN, Boards, Memory, Owner
-from .messages import Report, Result, TaskFailure
+from .messages import TEAM_DEATH, Report, Result, TaskFailure
 from .child import Child
 from .suspects import among, isolate
 
@@ -541,7 +541,12 @@ class Server:
             self.held_total -= child.held.remove(f.id, f.id + 1)
             if self.track_settled:
                 self.settled.add(f.id, f.id + 1)
-            self.task_failed(f)
+            if f.kind == TEAM_DEATH:
+                # A process of the child's team died running it: that attempt is a death (toward
+                # quarantine, as if the child had died holding it), and the id runs again.
+                self.requeue_lost(RangeSet.span(f.id, f.id + 1), f.rank, f.host, f.error)
+            else:
+                self.task_failed(f)
         if report.leaving and src in self.children:
             self.child_left(child)
         self._after_report(report, now)

@@ -4,7 +4,9 @@ An APP is an importable module name (``apps.dock_like``) or a path to a ``.py`` 
 that provides:
 
 * ``do_job(task_id)`` (required): runs one task. May return a number, committed as the
-  task's result together with its completion.
+  task's result together with its completion. ``do_job(task_id, comm)``, a second parameter:
+  it gets the task's team communicator (``--ranks-per-task k``: every rank of a team calls it
+  with the same id; the leader's result is committed; ``MPI.COMM_SELF`` with one rank per task).
 * ``total`` (required): the number of tasks, an int or a function ``total(options)``.
 * ``add_arguments(parser)`` (optional): declares the app's own command-line options.
 * ``setup(options)`` (optional): called on every rank with the parsed options before
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -76,9 +79,19 @@ class App:
             raise AppError(f"APP {self.name!r}: total must be a non-negative integer, got {value!r}")
         return value
 
-    def do_job(self, task_id: int) -> Any:
-        """Run one task."""
+    def do_job(self, task_id: int, comm: Any = None) -> Any:
+        """Run one task (with the team's communicator when the app's ``do_job`` takes one)."""
+        if self.takes_comm:
+            return self.module.do_job(task_id, comm)
         return self.module.do_job(task_id)
+
+    @property
+    def takes_comm(self) -> bool:
+        """Whether the app's ``do_job`` has a second parameter: the task's team communicator."""
+        known = self.__dict__.get("_takes_comm")
+        if known is None:
+            known = self.__dict__["_takes_comm"] = _takes_comm(self.module.do_job)
+        return bool(known)
 
     def fingerprint(self, options: argparse.Namespace) -> dict[str, Any]:
         """The app's ``fingerprint(options)``: what defines its tasks beyond its name and total ({} without the hook).
@@ -108,6 +121,16 @@ class App:
         fn = getattr(self.module, "finish", None)
         if fn is not None:
             fn(ids, values, options)
+
+
+def _takes_comm(fn: Any) -> bool:
+    """Whether ``fn`` can be called with two positional arguments (a task id and a communicator)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
 def load_app(spec: str | None) -> App:
@@ -144,7 +167,8 @@ def load_app(spec: str | None) -> App:
             f"and total (an int or total(options) -> int)"
         )
     if not callable(module.do_job):
-        raise AppError(f"APP {name!r}: do_job must be a function do_job(task_id), got {module.do_job!r}")
+        raise AppError(f"APP {name!r}: do_job must be a function do_job(task_id) or do_job(task_id, comm), "
+                       f"got {module.do_job!r}")
     fields = getattr(module, "result_fields", None)
     if fields is not None and (
         isinstance(fields, str) or not fields or not all(isinstance(f, str) and f for f in fields)

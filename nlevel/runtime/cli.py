@@ -204,12 +204,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             farm.hold_deputy()  # (released once the report file is written, below)
             farm.on_forced_end(tell)
             on_error = farm.config.on_task_error
+            teams = app.takes_comm
             for task_id in farm:
                 try:
-                    result = app.do_job(task_id)
+                    result = app.do_job(task_id, farm.team if teams else None)
                 except Exception as exc:
                     if on_error == "abort":
                         raise
+                    if farm.config.task_output:
+                        traceback.print_exc()  # (into the task's own .err file: its output says why it failed)
                     farm.fail(_task_error(task_id, rank, exc))  # retried elsewhere, or recorded failed
                     continue
                 if result is not None:

@@ -427,7 +427,7 @@ class FarmRuntime:
         """Rank 0: the job's state now (for the status record), read without locks from another thread."""
         led = self._ledger
         return {"committed": led.n_committed, "total": self.total, "resumed": led.resumed, "size": self.size,
-                **self._model()}
+                "task_output": self.config.task_output or None, **self._model()}
 
     # -- the user's loop --------------------------------------------------------------------
     def next_range(self, ran: Ran | None) -> tuple[int, int] | None:
@@ -581,7 +581,7 @@ class FarmRuntime:
         if not self.loop.final_written and self.port.write_checkpoint(ledger, True):
             error = self.port.checkpoint_error
         complete = ledger.complete()
-        failed = failed_tasks(ledger)
+        failed = failed_tasks(ledger, self.config.task_output)
         sys.stderr.write(failed_lines(failed, len(ledger.failed)))
         sys.stderr.flush()
         code = ledger_status(ledger, stopped=st.stopped, error=error is not None or bool(st.user_errors))

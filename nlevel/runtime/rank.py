@@ -90,6 +90,9 @@ class MpiPort:
         #: Called with the job's status when this process ends the job itself (see :meth:`retire`),
         #: before it exits: the farm's report, for the caller that writes it to a file.
         self.ended_here: Callable[[int], None] | None = None
+        #: Where :meth:`log` writes (None: ``sys.stderr``; with ``--task-output``, the job's own
+        #: stderr, so that nlevel's lines stay out of the task's file).
+        self.stream: Any = None
 
     def send(self, dest: int, msg: Message) -> None:
         self.t.send(dest, msg)
@@ -222,8 +225,9 @@ class MpiPort:
             self._inbox.answer(token, outcome)
 
     def log(self, text: str) -> None:
-        sys.stderr.write(f"nlevel: rank {self.rank}: {text}\n")
-        sys.stderr.flush()
+        stream = self.stream or sys.stderr
+        stream.write(f"nlevel: rank {self.rank}: {text}\n")
+        stream.flush()
 
     def requests(self) -> list[DrainRequest]:
         if self.control_dir is None or clock() < self._control_at:
@@ -306,6 +310,9 @@ class Runner:
         # Since when the user's code runs outside the runtime (None: the main thread is inside it
         # and steps the loop itself). Read without the lock by the pulse: one attribute, set whole.
         self._outside: float | None = None
+        #: Called by the pulse at each look, whatever the main thread does (a team's leader under
+        #: ULFM: a death in its team revokes the team's communicators, so no rank of it waits for ever).
+        self.watch: Callable[[], None] | None = None
 
     # -- the server's side ------------------------------------------------------------------
     def _threaded(self) -> bool:
@@ -375,6 +382,8 @@ class Runner:
 
     def pulse(self) -> None:
         """While the user's code runs: step the loop if nothing has for a look, and watch the task's time."""
+        if self.watch is not None:
+            self.watch()
         since = self._outside
         if since is None:
             return  # (the main thread is in the runtime: it steps the loop itself)

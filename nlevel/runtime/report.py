@@ -120,15 +120,22 @@ FAILED_LISTED = 1000
 FAILED_LINES = 20
 
 
-def failed_tasks(ledger: Ledger) -> list[dict[str, Any]]:
+def failed_tasks(ledger: Ledger, output: str = "") -> list[dict[str, Any]]:
     """The ids recorded failed, as the report lists them (and the release tells every rank): the
-    first :data:`FAILED_LISTED` (the checkpoint's ``/failed`` keeps every one)."""
+    first :data:`FAILED_LISTED` (the checkpoint's ``/failed`` keeps every one); with ``output``
+    (``--task-output``), each one's output files (:func:`nlevel.runtime.output.files_of`)."""
     out: list[dict[str, Any]] = []
     for _, f in sorted(ledger.failed.items()):
         if len(out) == FAILED_LISTED:
             break
         out.append({"id": f.id, "kind": f.kind, "attempts": f.attempts, "rank": f.rank, "host": f.host,
                     "error": f.error, "traceback": f.traceback})
+    if output and out:
+        from .output import files_of
+
+        files = files_of(output, [int(row["id"]) for row in out])  # (one look at the directory for them all)
+        for row in out:
+            row["output"] = files[int(row["id"])]
     return out
 
 
@@ -169,7 +176,8 @@ def failed_lines(failed: list[dict[str, Any]], count: int | None = None) -> str:
     out = []
     for f in failed[:FAILED_LINES]:
         where = f" on rank {f['rank']}" + (f" ({f['host']})" if f.get("host") else "") if f.get("rank", -1) >= 0 else ""
-        out.append(f"nlevel: task {f['id']} FAILED ({f['kind']}{where}): {f['error']}\n")
+        files = f"; output: {', '.join(f['output'])}" if f.get("output") else ""
+        out.append(f"nlevel: task {f['id']} FAILED ({f['kind']}{where}): {f['error']}{files}\n")
     more = (len(failed) if count is None else count) - min(len(failed), FAILED_LINES)
     if more > 0:
         out.append(f"nlevel: and {more:,} more failed tasks (the report lists the first {FAILED_LISTED:,} and counts "
@@ -223,7 +231,7 @@ def build_report(
         "unexpected_completions": unexpected,
         "complete": ledger.complete(),
         "failures": failures or [],
-        "failed_tasks": failed_tasks(ledger),
+        "failed_tasks": failed_tasks(ledger, config.task_output),
         "failed_summary": failed_summary(ledger),
         "tasks": {"run": tasks.n, **tasks.to_dict(1e3)},
         "task_time_sum_s": busy,
@@ -334,6 +342,11 @@ def format_summary(report: dict[str, Any]) -> str:
             f"  task time: mean {tasks['mean']:.3f} ms, p50 {tasks['p50']:.3f}, p99 {tasks['p99']:.3f}, "
             f"max {tasks['max']:.3f} ms; overhead {100 * report['overhead']:.1f}% of {report['size']} x wall"
         )
+    teams = report.get("teams")
+    if teams:
+        left = teams.get("left") or []
+        lines.append(f"  teams: {len(teams['teams'])} of {teams['ranks_per_task']} ranks (farm rank i leads team i)"
+                     + (f"; rank(s) {', '.join(map(str, left))} in no team" if left else ""))
     note = oversubscription_note(report.get("placement"))
     if note:
         lines.append(f"  {note}")
@@ -355,7 +368,8 @@ def format_summary(report: dict[str, Any]) -> str:
                      f"python -m nlevel.run ... --retry-failed or Farm(..., retry_failed=True) runs them again):")
         for f in failed[:20]:
             where = f" on rank {f['rank']}" + (f" ({f['host']})" if f.get("host") else "") if f.get("rank", -1) >= 0 else ""
-            lines.append(f"    task {f['id']} {f['kind']}{where} after {f['attempts']} attempt(s): {f['error']}")
+            lines.append(f"    task {f['id']} {f['kind']}{where} after {f['attempts']} attempt(s): {f['error']}"
+                         + (f" (output: {', '.join(f['output'])})" if f.get("output") else ""))
         if len(failed) > 20:
             lines.append(f"    ... and {len(failed) - 20} more (see the report's failed_tasks)")
     if not report["complete"]:

@@ -47,6 +47,7 @@ __all__ = ["Recorder", "assemble", "format_status", "main", "read_checkpoint", "
 RECORD = "status.json"
 _JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "JOB_ID")
 _QUARANTINED = ("died", "timeout")  # recorded failed because processes died holding them, or they hung
+_FILES_SHOWN = 10  # failed tasks whose output files (--task-output) the status names
 
 
 def record_path(checkpoint: str | os.PathLike[str]) -> str:
@@ -119,7 +120,8 @@ class Recorder:
                 "nlevel_version": __version__, "checkpoint": self.checkpoint, "host": hostname(),
                 "pid": os.getpid(), "job_id": self.job, "started": self.started, "updated": now,
                 "interval": self.interval, "committed": committed, "total": total,
-                "resumed": state.pop("resumed", None), "size": state.pop("size", None), "rate_per_s": rate,
+                "resumed": state.pop("resumed", None), "size": state.pop("size", None),
+                "task_output": state.pop("task_output", None), "rate_per_s": rate,
                 "eta_s": (total - committed) / rate if rate else None, "model": state, "finished": False, **extra,
             }
             write_json(self.path, record)  # (atomic: a reader never sees half a record)
@@ -283,6 +285,15 @@ def assemble(path: str, ck: dict[str, Any] | None, record: dict[str, Any] | None
         failed = ck["failed"]
         out["failed"] = sorted((f for f in failed if f["kind"] not in _QUARANTINED), key=lambda f: f["id"])
         out["quarantined"] = sorted((f for f in failed if f["kind"] in _QUARANTINED), key=lambda f: f["id"])
+        where = (rec or {}).get("task_output")
+        if where and (out["failed"] or out["quarantined"]):  # (the files of the first few, from --task-output)
+            from .output import files_of
+
+            out["task_output"] = where
+            shown = (out["failed"] + out["quarantined"])[:_FILES_SHOWN]
+            files = files_of(where, [int(f["id"]) for f in shown])
+            for f in shown:
+                f["output"] = files[int(f["id"])]
         out["identity"] = ck["identity"]
         out["written"] = {"updated": ck["updated"], "created": ck["created"], "version": ck["version"]}
         updated = _seconds(ck["updated"])
@@ -388,6 +399,11 @@ def format_status(st: dict[str, Any], now: float | None = None) -> str:
         if failed or quarantined:
             lines.append(f"  failed: {len(failed)}" + (f" ({_ids(failed)})" if failed else "")
                          + f"; quarantined: {len(quarantined)}" + (f" ({_ids(quarantined)})" if quarantined else ""))
+            shown = [f for f in failed + quarantined if f.get("output")]
+            for f in shown:
+                lines.append(f"    task {f['id']} ({f['kind']}) output: {', '.join(f['output'])}")
+            if shown and len(failed) + len(quarantined) > len(shown):
+                lines.append(f"    (the others' files: {st.get('task_output')}/<id>.out and .err)")
         else:
             lines.append("  failed: none; quarantined: none")
         lines.append(f"  run: {st.get('identity')}")

@@ -28,7 +28,8 @@ mark("up")  # (MPI is initialised: for nlevel-mpiexec, this job's start is over)
 _FAILURE_CLASSES = {getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED") if hasattr(MPI, n)}
 
 __all__ = ["Transport", "world", "comm_key", "abort", "finalize", "host", "kill_self", "allreduce_max", "MpiError",
-           "setup_recovery", "revoke", "shrink", "agree", "user_ranks"]
+           "setup_recovery", "revoke", "shrink", "agree", "user_ranks", "self_comm", "node_comm", "split",
+           "dup", "broken", "last_words"]
 
 #: What an MPI call raises (a dead peer among other errors).
 MpiError = MPI.Exception
@@ -102,9 +103,65 @@ def finalize() -> None:
         MPI.Finalize()
 
 
+#: Called (once each, in order) just before this process SIGKILLs itself: a team's leader stops its
+#: team's other members (see :mod:`nlevel.runtime.teams`). Each must be quick and must not raise.
+last_words: list[Any] = []
+
+
 def kill_self() -> None:
     """SIGKILL this process: under ULFM the other ranks detect it and carry on (an exit would hang them)."""
+    while last_words:
+        try:
+            last_words.pop(0)()
+        except Exception:  # noqa: BLE001 (the process dies whatever its last words did)
+            pass
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def self_comm() -> Any:
+    """``MPI.COMM_SELF``: the team of a task that runs on one rank."""
+    return MPI.COMM_SELF
+
+
+def node_comm(comm: Any) -> Any:
+    """The ranks of ``comm`` that share this one's node (``Split_type(COMM_TYPE_SHARED)``; collective), or
+    None when the MPI cannot tell (the caller then groups ranks by :func:`host`)."""
+    try:
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    except (NotImplementedError, MPI.Exception):
+        return None
+    return None if node == MPI.COMM_NULL else node
+
+
+def split(comm: Any, color: int | None, key: int) -> Any:
+    """``comm.Split(color, key)`` (collective); None for a rank whose ``color`` is None (in no part).
+    The part returns errors as exceptions (a dead peer under ULFM is an error to handle, not an abort)."""
+    part = comm.Split(MPI.UNDEFINED if color is None else color, key)
+    if part == MPI.COMM_NULL:
+        return None
+    part.Set_errhandler(MPI.ERRORS_RETURN)
+    return part
+
+
+def dup(comm: Any) -> Any:
+    """``comm.Dup()`` (collective) returning errors as exceptions."""
+    new = comm.Dup()
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    return new
+
+
+def broken(comm: Any, revoked: bool = True) -> bool:
+    """Whether a process of ``comm`` is known dead here, or (``revoked``) ``comm`` was revoked (ULFM; local)."""
+    try:
+        if revoked and comm.Is_revoked():
+            return True
+        group = comm.Get_failed()
+    except (NotImplementedError, AttributeError, MPI.Exception):
+        return False
+    try:
+        return bool(group.Get_size())
+    finally:
+        group.Free()
 
 
 def host() -> str:

@@ -29,7 +29,7 @@ from ..roles.board import LocalMemory
 from ..roles.events import Died, DrainRequest, Overran, Received, ReleaseJob, ReportDone
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
-from ..roles.messages import Message, TaskFailure
+from ..roles.messages import TEAM_DEATH, Message, TaskFailure
 from ..roles.station import Station
 from ..roles.worker import State
 
@@ -186,14 +186,18 @@ class Network:
         pieces: The chance that a user's loop, after a task in the middle of its hand, looks at
             its messages as the runtime's does between two pieces of a hand (``Farm``): it
             reports what ran, steps its loop, and takes what is left of its hand again.
+        team_deaths: Id -> how many of its runs lose a process of the team running it (the rank is
+            a team's leader: it reports a :data:`~nlevel.roles.messages.TEAM_DEATH` failure; its own
+            process lives on).
     """
 
     def __init__(self, size: int, plan: Plan, total: int, seed: int, config: Config | None = None,
                  completed: tuple[tuple[int, int], ...] = (), raises: frozenset[int] = frozenset(),
                  boards: LocalBoards | None = None, exits: frozenset[int] = frozenset(),
                  hangs: frozenset[int] = frozenset(), ledger: Ledger | None = None, pieces: float = 0.0,
-                 long: dict[int, float] | None = None) -> None:
+                 long: dict[int, float] | None = None, team_deaths: dict[int, int] | None = None) -> None:
         self.rng = random.Random(seed)
+        self.team_deaths = dict(team_deaths or {})
         self.long = long or {}  # task id -> its seconds (the others take 1 ms, reported, and no simulated time)
         self.pieces = pieces
         self.size = size
@@ -403,6 +407,9 @@ class Network:
         failed: tuple[TaskFailure, ...] = ()
         if tid in self.raises:
             failed = (TaskFailure(tid, "raised", "ValueError: planned", r),)
+        elif self.team_deaths.get(tid, 0) > 0:
+            self.team_deaths[tid] -= 1
+            failed = (TaskFailure(tid, TEAM_DEATH, "a process of the team died", r),)
         if u.next_id >= u.hand[1] or failed:
             done = tuple((a, b) for a, b in ((u.done_from, tid),) if b > a)
             if not failed:
