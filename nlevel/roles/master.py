@@ -30,6 +30,20 @@ class Master(Server):
 
     ends_job = True
 
+    #: What the master knows of the job, as opposed to of the plan's layout (children, boards,
+    #: their rates): a plan switch moves all of it to the new plan's master (:meth:`take_job`).
+    #: tests/unit/test_replan_state.py holds every attribute to one of the two lists.
+    JOB: tuple[str, ...] = (
+        "ledger", "retries", "attempts", "mirror", "mirror_done", "mirror_results", "mirror_failed",
+        "mirror_timeouts", "queue", "aside", "stopped", "published_top", "task_mean", "task_max", "_tasks_seen",
+        "busy_below", "deaths", "timeouts", "suspects", "quarantine", "settled", "track_settled", "unexpected",
+        "reconciling")
+    #: What belongs to the plan's layout: built anew for the new plan.
+    LAYOUT: tuple[str, ...] = (
+        "rank", "clock", "boards", "_mine", "sizing", "epoch", "children", "total_weight", "held_total", "live",
+        "had_children", "live_weight", "_block_weight", "owners", "rate", "_rate_at", "_taken", "claims_seen",
+        "claim_log", "served", "strangers", "carried")
+
     def __init__(self, hierarchy: Hierarchy, rank: int, weights: dict[int, int], clock: Callable[[], float],
                  boards: Boards, sizing: Sizing, ledger: Ledger, retries: int = 0, mirror: bool = False,
                  epoch: int = 0) -> None:
@@ -48,6 +62,19 @@ class Master(Server):
         self.carried = RangeSet()
         self.stopped = False
         self.aside = RangeSet()  # ids not handed out because of the stop
+
+    def take_job(self, old: Master) -> None:
+        """This master serves a new plan: take the job's state from ``old``'s whole; what ``old``
+        handed out (its children's ids, and ids taken by ranks not yet its children) is carried
+        until committed or given back."""
+        for name in self.JOB:
+            setattr(self, name, getattr(old, name))
+        carried = old.carried.copy()
+        for child in old.children.values():
+            carried.add_ranges(child.held.ranges())
+        for taken in old.strangers.values():
+            carried.add_ranges(taken.ranges())
+        self.carried = carried
 
     def gss_pool(self) -> int:
         """What is left to publish: the master's queue is every id not yet handed out.

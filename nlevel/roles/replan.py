@@ -44,20 +44,14 @@ class Replanning(Failures):
         now = self.clock()
         old.close_boards(CLOSED, now)
         self.epoch += 1
-        carried = old.carried.copy()
-        for child in old.children.values():
-            carried.add_ranges(child.held.ranges())
         self.unacked[self.epoch - 1] = {r for r in old.children if r != self.rank}
-        queue, aside, stopped = old.queue, old.aside, old.stopped
         self.retire_server()
         self.plans.append(plan)
         out = (self.hierarchy.out | frozenset(self.drained)) - self.failed
         self.lay_out(build(self.size, plan, self.failed, out, self.hierarchy.node_sizes))
         new = self.server
         assert isinstance(new, Master)
-        new.queue, new.aside, new.stopped, new.published_top = queue, aside, stopped, old.published_top
-        new.carried = carried
-        new.task_mean, new.task_max, new.deaths, new.timeouts = old.task_mean, old.task_max, old.deaths, old.timeouts
+        new.take_job(old)  # (whole: a field left behind was a retry count or a copy owed to the deputy)
         if not self.unacked[self.epoch - 1]:
             del self.unacked[self.epoch - 1]
         regroup = Regroup(self.epoch, plan, tuple(sorted(out)))

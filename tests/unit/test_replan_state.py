@@ -1,0 +1,64 @@
+"""A plan switch moves the master's state whole (issue 35), and the job survives a switch then a
+master's death (and its deputy's), every id committed once."""
+
+from __future__ import annotations
+
+import pytest
+
+from nlevel.config import Config
+from nlevel.model.hierarchy import build
+from nlevel.model.plan import Plan
+from nlevel.roles.ledger import Ledger
+from nlevel.roles.master import Master
+from nlevel.roles.station import Station
+from nlevel.testing.network import LocalBoards, Network
+
+from .test_farm_inprocess import check
+
+
+def test_every_attribute_of_the_master_is_job_or_layout():
+    st = Station(build(4, Plan(2)), 0, Config(levels=2, fault_tolerance="on"), lambda: 0.0, LocalBoards(), 100,
+                 Ledger(100))
+    assert isinstance(st.server, Master)
+    names = set(vars(st.server))
+    assert not set(Master.JOB) & set(Master.LAYOUT)
+    assert names == set(Master.JOB) | set(Master.LAYOUT), (names - set(Master.JOB) - set(Master.LAYOUT),
+                                                          set(Master.JOB) | set(Master.LAYOUT) - names)
+
+
+def test_a_switch_keeps_retry_counts_suspects_and_the_deputys_pending_copy():
+    st = Station(build(8, Plan(2)), 0, Config(levels=0, fault_tolerance="on", on_task_error="retry"), lambda: 0.0,
+                 LocalBoards(), 100, Ledger(100))
+    old = st.server
+    old.attempts[7] = 2
+    old.suspects.add(9, 10)
+    old.mirror_done.add(3, 4)
+    old.strangers[5] = __import__("nlevel.ranges", fromlist=["RangeSet"]).RangeSet(((40, 42),))
+    st.switch(Plan(3, (2,)))
+    new = st.server
+    assert new is not old and new.attempts == {7: 2} and 9 in new.suspects and 3 in new.mirror_done
+    assert 40 in new.carried and 41 in new.carried  # (taken by a rank not yet a child: still carried)
+
+
+@pytest.mark.parametrize("victims", [(0,), (0, 1)], ids=["master", "master-and-deputy"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_switch_then_the_masters_death_commits_every_id_once(victims, seed):
+    """--levels auto under ULFM takes this path: the plan switches (forced at 30 %), then the master
+    (and its deputy, on the same step) die."""
+    size, total = 9, 300
+    config = Config(levels=0, force_replan="0.3@3x2", fault_tolerance="on", report_every=4)
+    net = Network(size, Plan(2), total, seed, config=config)
+    orig = net.step
+    state = {"killed": False}
+
+    def step(user_step=None):
+        if not state["killed"] and net.stations[0].epoch >= 1 and sum(net.executed.values()) >= 150:
+            state["killed"] = True
+            for v in victims:
+                net.die(v)
+        return orig(user_step)
+
+    net.step = step
+    out = net.run()
+    assert state["killed"] and len(out.stations[min(set(range(size)) - out.dead)].plans) >= 2
+    check(out, total)
