@@ -59,8 +59,9 @@ class StationCore:
     def __init__(self, hierarchy: Hierarchy, rank: int, config: Config, clock: Callable[[], float], boards: Boards,
                  total: int, ledger: Ledger | None = None, width: int = 1,
                  wall: Callable[[], float] = time.time, hosts: tuple[str, ...] = (),
-                 setup_failed: frozenset[int] = frozenset()) -> None:
+                 setup_failed: frozenset[int] = frozenset(), facts: dict[str, Any] | None = None) -> None:
         self.rank = rank
+        self.facts: dict[str, Any] = dict(facts or {})  # where this rank runs ({"hosts": ...}), for the report
         self.total = total
         self.width = width
         self.size = hierarchy.size

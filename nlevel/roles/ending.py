@@ -40,12 +40,27 @@ from .recovery import deputy
 from .region import Region
 from .worker import State
 
-__all__ = ["Closing", "merge_stats", "own_stats"]
+__all__ = ["Closing", "merge_places", "merge_stats", "own_stats"]
+
+
+def merge_places(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Combine two sets of ranks' placements, ``{host: {"ranks", "mask", "limit"}}`` (see
+    :func:`nlevel.runtime.machine.here`): ranks add up, affinities unite, the lowest cap wins."""
+    out = {h: dict(v) for h, v in a.items()}
+    for h, v in b.items():
+        if h not in out:
+            out[h] = dict(v)
+            continue
+        w = out[h]
+        w["ranks"] += v["ranks"]
+        w["mask"] |= v["mask"]
+        limits = [x for x in (w.get("limit"), v.get("limit")) if x is not None]
+        w["limit"] = min(limits) if limits else None
+    return out
 
 
 def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Combine two ranks' (or subtrees') mergeable statistics (the runtime adds its own keys:
-    :attr:`Closing.merge` is the function used)."""
+    """Combine two ranks' (or subtrees') mergeable statistics (the reduction of the run report)."""
     tasks = Summary()
     for t in (a.get("tasks"), b.get("tasks")):
         if t is not None:
@@ -60,6 +75,7 @@ def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "unexpected": a.get("unexpected", 0) + b.get("unexpected", 0),
         "failures": a.get("failures", []) + b.get("failures", []),
         "timeline": {**a.get("timeline", {}), **b.get("timeline", {})},
+        "hosts": merge_places(a.get("hosts", {}), b.get("hosts", {})),
     }
 
 
@@ -88,7 +104,7 @@ def own_stats(st: StationCore) -> tuple[dict[str, Any], dict[str, Any]]:
         "unexpected": d.unexpected if d is not None else 0,
         "failures": [f.to_dict() for f in st.failures],
         "timeline": {st.rank: (st.timeline_bin, dict(st.served_bins))} if st.served_bins else {},
-        **getattr(st, "extra_stats", {}),
+        **st.facts,
     }
     return row, merged
 
@@ -96,12 +112,10 @@ def own_stats(st: StationCore) -> tuple[dict[str, Any], dict[str, Any]]:
 class Closing(StationCore):
     """The end of the job on one rank (see the module docstring).
 
-    The runtime may set :attr:`extra_stats` (more of this rank's mergeable statistics, e.g.
-    where it runs) and :attr:`merge` (a :func:`merge_stats` that knows those keys too).
+    Its statistics carry the station's ``facts`` (where it runs: ``hosts``), merged by
+    :func:`merge_stats` like the rest.
     """
 
-    extra_stats: dict[str, Any] = {}
-    merge: Any = staticmethod(merge_stats)
 
     @property
     def over(self) -> bool:
@@ -117,7 +131,7 @@ class Closing(StationCore):
         for c in children:
             e = self.endings[c]
             rows.extend(e.rows)
-            stats = self.merge(stats, e.stats)
+            stats = merge_stats(stats, e.stats)
         return tuple(rows), stats
 
     def closing(self) -> list[Effect]:

@@ -35,7 +35,7 @@ from .backoff import Backoff
 from .identity import identity
 from .rank import MpiPort, Runner, clock, prepare_takeover
 from .startwatch import mark, start_records
-from .report import build_report, failed_lines, failed_tasks, ledger_status, merge_stats, station_facts
+from .report import build_report, failed_lines, failed_tasks, ledger_status, station_facts
 from .transport import MpiError, Transport, agree, kill_self, revoke, setup_recovery, shrink, user_ranks, world
 
 if TYPE_CHECKING:  # (imported by a farm that has a checkpoint: numpy and h5py come with it)
@@ -182,7 +182,8 @@ class FarmRuntime:
             # after it, find ids instead of waiting for its roles to be built (they wait in the
             # exchange meanwhile anyway). Used only if the exchange says the window is good.
             cfg0, plan0, total0 = self._decided[0], self._decided[1], self._decided[4]
-            st = Station(build(self.size, plan0), 0, cfg0, clock, boards, total0, self._ledger, self.width)
+            st = Station(build(self.size, plan0), 0, cfg0, clock, boards, total0, self._ledger, self.width,
+                         facts={"hosts": machine.here()})
             self._early = (st, st.handle(Tick()))
         problem = _check_total(total)
         mine = int(total) if problem is None else 0
@@ -286,9 +287,7 @@ class FarmRuntime:
         else:
             early = None
             self.station = Station(self.hierarchy, self.rank, cfg, clock, self.boards, self.total, ledger, self.width,
-                                   hosts=hosts)
-        self.station.extra_stats = {"hosts": machine.here()}  # (in this rank's Ending, which may go early)
-        self.station.merge = merge_stats
+                                   hosts=hosts, facts={"hosts": machine.here()})  # (facts: in its Ending, even early)
         self.port = MpiPort(t, cfg, path, meta, self.writer, self.width)
         self.port.lock, self.port.lock_token = self.lock, lock_token
         self.port.ended_here = self._ended_here

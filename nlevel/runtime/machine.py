@@ -103,18 +103,10 @@ def here() -> dict[str, Any]:
 
 
 def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Combine two sets of ranks' placements (ranks add up, affinities unite, the lowest cap wins)."""
-    out = {h: dict(v) for h, v in a.items()}
-    for h, v in b.items():
-        if h not in out:
-            out[h] = dict(v)
-            continue
-        w = out[h]
-        w["ranks"] += v["ranks"]
-        w["mask"] |= v["mask"]
-        limits = [x for x in (w.get("limit"), v.get("limit")) if x is not None]
-        w["limit"] = min(limits) if limits else None
-    return out
+    """Combine two sets of ranks' placements (see :func:`nlevel.roles.ending.merge_places`)."""
+    from ..roles.ending import merge_places
+
+    return merge_places(a, b)
 
 
 def placement(hosts: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from ..stats import RequestTimes, Summary
 from . import machine
 from .signals import EXIT_STOPPED
 
-__all__ = ["build_report", "merge_stats", "write_json", "format_summary", "oversubscription_note"]
+__all__ = ["build_report", "write_json", "format_summary", "oversubscription_note"]
 
 #: The report lists every rank's row in jobs of up to this many ranks (beyond, none).
 ROWS_MAX = 4096
@@ -26,26 +26,6 @@ def _level_name(level: int, levels: int) -> str:
     if level == 0:
         return "master"
     return "slave" if level == levels - 1 else f"region-master L{level}"
-
-
-def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Combine two ranks' mergeable statistics (the reduction op of the run report)."""
-    tasks = Summary()
-    for t in (a["tasks"], b["tasks"]):
-        if t is not None:
-            tasks.merge(t)
-    requests: dict[int, RequestTimes] = {}
-    for side in (a["requests"], b["requests"]):
-        for level, rt in side.items():
-            requests.setdefault(level, RequestTimes()).merge(rt)
-    return {
-        "tasks": tasks,
-        "requests": requests,
-        "unexpected": a["unexpected"] + b["unexpected"],
-        "failures": a.get("failures", []) + b.get("failures", []),
-        "timeline": {**a.get("timeline", {}), **b.get("timeline", {})},
-        "hosts": machine.merge(a.get("hosts", {}), b.get("hosts", {})),
-    }
 
 
 def timeline(per_rank: dict[int, Any], bin_s: float) -> dict[str, Any]:
@@ -202,7 +182,7 @@ def build_report(
     """Merge every rank's statistics into the report.
 
     ``rows`` are the ranks' few numbers (gathered), ``totals`` their statistics merged
-    with :func:`merge_stats`. ``requests`` is keyed by the level of the rank asking (a slave at level 2 asks a
+    with :func:`~nlevel.roles.ending.merge_stats`. ``requests`` is keyed by the level of the rank asking (a slave at level 2 asks a
     region-master at level 1): each entry splits the request time into message, wait
     and dispose parts, in milliseconds. ``overhead`` counts every rank, serve-only ones
     included: ``1 - sum(task time) / (size * wall)``.
