@@ -23,7 +23,7 @@ from .autoplan import AutoPlanner
 from .board import FINAL
 from .events import Effect, Send, WriteCheckpoint
 from .ledger import Ledger
-from .messages import FailureRecord, Message, Report, Result
+from .messages import FailureRecord, Message, Report, Result, Safe
 from .recovery import Reconciliation
 from .master import Master
 from .region import Region
@@ -135,7 +135,18 @@ class StationCore:
         self.sent_done: dict[int, RangeSet] | None = {} if self.ft else None
         self.lost_via: dict[int, RangeSet] = {}  # completions passed to a rank that died, by that rank
         self.lost_seen: set[tuple[int, int]] = set()  # a reconciler: (survivor, dead) losses requeued already
-        self.sent_results: dict[int, list[tuple[int, Result]]] = {}
+        # Reports with completions sent to each parent and not yet said safe (Safe), with their
+        # results: sent again to a new parent if that one dies before passing them on. Dropped once
+        # safe, so a region-master holds seconds of its region's results, not the whole job's.
+        self.unsafe: dict[int, deque[tuple[int, Ranges, tuple[tuple[int, Result], ...]]]] = {}
+        self.up_seq: dict[int, int] = {}  # the last seq sent to each parent
+        # A parent: the last seq heard from each child; what of it is safe; what it has said safe.
+        self.heard_seq: dict[int, int] = {}
+        self.safe_seq: dict[int, int] = {}
+        self.said_safe: dict[int, int] = {}
+        self.flush_covers: deque[tuple[int, dict[int, int]]] = deque()  # a region: its seq up -> children's seqs
+        self.covered: dict[int, int] = {}  # the master: children's seqs its last copy to the deputy covered
+        self.safe_told = clock()
         self.job_over = False
         self.loading = False  # a new master waits for its ledger from the checkpoint file
         self.planner: AutoPlanner | None = None
@@ -237,10 +248,53 @@ class StationCore:
             self.server.on_report(self.rank, report, self.clock())
             return self.serve()
         if self.sent_done is not None and report.done:
+            from dataclasses import replace
+
+            seq = self.up_seq[dest] = self.up_seq.get(dest, 0) + 1
+            report = replace(report, seq=seq)
             self.sent_done.setdefault(dest, RangeSet()).add_ranges(report.done)
-            if report.results:
-                self.sent_results.setdefault(dest, []).extend(report.results)
+            self.unsafe.setdefault(dest, deque()).append((seq, report.done, report.results))
+            if isinstance(self.server, Region) and dest == self.server.parent:
+                # (what its children reported so far rides up in this or an earlier report: once this
+                # one is safe, so are theirs)
+                self.flush_covers.append((seq, dict(self.heard_seq)))
         return [Send(dest, report)]
+
+    def on_safe(self, src: int, seq: int) -> list[Effect]:
+        """Parent ``src`` says this rank's reports to it up to ``seq`` are safe: forget them (a region
+        passes the news down to the children whose reports rode up in them)."""
+        q = self.unsafe.get(src)
+        sent = (self.sent_done or {}).get(src)
+        while q and q[0][0] <= seq:
+            _, done, _ = q.popleft()
+            if sent is not None:
+                sent.remove_ranges(done)
+        d = self.server
+        if isinstance(d, Region) and src == d.parent:
+            covers = self.flush_covers
+            while covers and covers[0][0] <= seq:
+                for child, s in covers.popleft()[1].items():
+                    if s > self.safe_seq.get(child, 0):
+                        self.safe_seq[child] = s
+        return []
+
+    def mark_safe(self) -> None:
+        """The master: every completion heard so far is committed where its death cannot lose it
+        (its deputy has the copy, or it has none to make)."""
+        self.safe_seq.update(self.heard_seq)
+
+    def tell_safe(self) -> list[Effect]:
+        """At most every beat: tell each child how far its reports are safe."""
+        now = self.clock()
+        if not self.safe_seq or now - self.safe_told < self.config.lease / 5:
+            return []
+        self.safe_told = now
+        outs: list[Effect] = []
+        for child, s in self.safe_seq.items():
+            if s > self.said_safe.get(child, 0) and child not in self.failed and child != self.rank:
+                self.said_safe[child] = s
+                outs.append(Send(child, Safe(s)))
+        return outs
 
     def orphan(self, report: Report) -> list[Effect]:
         """Completions and returned ids from an older epoch (or a stray sender): to the master."""

@@ -20,7 +20,7 @@ from ..ranges import Ranges, RangeSet, Tally
 from .core import StationCore
 from .events import CheckpointLoaded, Effect, LoadCheckpoint, Send
 from .ledger import Ledger
-from .messages import FailureRecord, Gone, Holding, Message, Mirror, Report
+from .messages import FailureRecord, Gone, Holding, Message, Mirror, Report, Result
 from .recovery import Reconciliation, deputy, expected, reconciler
 from .watch import BEATS
 from .master import Master
@@ -65,13 +65,18 @@ class Failures(StationCore):
             self.sent_done = {}
         # Completions reported to a rank that died are lost with it: report them again (below),
         # to the new parent, rather than run them again.
-        again, again_results = RangeSet(), []
+        again, again_results = RangeSet(), list[tuple[int, Result]]()
         for x in new:
             sent = self.sent_done.pop(x, None)
             if sent:
                 self.lost_via[x] = sent  # passed to a rank that died: a reconciler must know
                 again.add_ranges(sent.ranges())
-                again_results += self.sent_results.pop(x, [])
+            for _, _, results in self.unsafe.pop(x, ()):
+                again_results += results
+            for seqs in (self.heard_seq, self.safe_seq, self.said_safe, self.up_seq):
+                seqs.pop(x, None)
+        if old[self.rank].parent in new:
+            self.flush_covers.clear()  # (said safe by nobody now: its reports go again to the new parent)
         wall = self.wall()
         for epoch in list(self.unacked):  # the dead never acknowledge a regroup
             self.unacked[epoch] -= new
@@ -552,6 +557,7 @@ class Failures(StationCore):
             return self._mirror_full(deputy(self.hierarchy))
         if self.mirror_to < 0:  # one process: nobody to copy to
             d.mirror_done, d.mirror_results, d.mirror_failed, d.mirror_timeouts = RangeSet(), [], [], {}
+            self.mark_safe()
             return []
         w = self.worker
         hand = w.holding().ranges()[:64] if w is not None else ()
@@ -563,6 +569,7 @@ class Failures(StationCore):
             if now - self.mirror_sent < self.config.lease / BEATS:
                 return []
             self.mirror_sent = now  # a heartbeat: the deputy watches for the master's silence
+            self._copied()
             return [Send(self.mirror_to, Mirror((), (), d.ledger.total, d.ledger.width, mark=self.mark))]
         if waiting < MIRROR_BATCH and now - self.mirror_sent < MIRROR_AGE and not force and not moved and not marked:
             return []
@@ -574,4 +581,11 @@ class Failures(StationCore):
                      hand if moved else None, self.mark)
         self.hand_sent = hand
         d.mirror_done, d.mirror_results, d.mirror_failed, d.mirror_timeouts = RangeSet(), [], [], {}
+        self._copied()
         return [Send(self.mirror_to, msg)]
+
+    def _copied(self) -> None:
+        """A copy went to the deputy with every commit heard so far: the commits of the copy before
+        it (a copy's time ago: delivered, unless the master died at once) are safe."""
+        self.safe_seq.update(self.covered)
+        self.covered = dict(self.heard_seq)

@@ -42,7 +42,7 @@ from ..ranges import Ranges
 __all__ = [
     "Tag", "Result", "TaskFailure", "TEAM_DEATH", "FailureRecord",
     "Report", "Regroup", "Ack", "Holding", "Mirror", "Drain", "KillRequest", "BoardOp", "BoardReply",
-    "Gone", "Heartbeat", "TimedOut", "Ending", "Release", "Halt", "Message", "MESSAGES", "TAGS", "encode", "decode",
+    "Gone", "Heartbeat", "TimedOut", "Ending", "Release", "Halt", "Safe", "Message", "MESSAGES", "TAGS", "encode", "decode",
 ]
 
 #: A task's result: one number, or a fixed number of them (the app's result fields).
@@ -67,6 +67,7 @@ class Tag(IntEnum):
     ENDING = 25
     RELEASE = 26
     HALT = 27
+    SAFE = 28
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +166,7 @@ class Report:
     task_max: float = 0.0  # the longest task seen below the sender (s): the leases follow it
     ending: Ending | None = None  # a leaf's early Ending, riding on its last report (one message, not two)
     weight: int = 0  # a region's ranks still computing, when that changed since its last report (0: unchanged)
+    seq: int = 0  # the sender's count of reports with completions to this parent (fault tolerance; 0: not counted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +184,15 @@ class Ack:
     """Child to its parent of epoch ``epoch - 1``: switched; nothing more comes under the old plan."""
 
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Safe:
+    """Parent to child: the completions of your reports up to ``seq`` are committed where a master's
+    death cannot lose them (copied to the deputy, or passed up to a parent that said so): you may
+    forget them (fault tolerance; see ``StationCore.report_up``)."""
+
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,7 +331,7 @@ class Halt:
 
 
 Message = Union[Report, Regroup, Ack, Holding, Mirror, Drain, KillRequest, BoardOp, BoardReply, Gone, Heartbeat,
-                TimedOut, Ending, Release, Halt]
+                TimedOut, Ending, Release, Halt, Safe]
 
 #: Each wire message class and its MPI tag. (A table, not a class attribute: the simulator's
 #: compiled build makes these classes native, and mypyc takes a class-level default for a field.)
@@ -340,6 +351,7 @@ TAGS: dict[type, Tag] = {
     Ending: Tag.ENDING,
     Release: Tag.RELEASE,
     Halt: Tag.HALT,
+    Safe: Tag.SAFE,
 }
 
 #: Every wire message class.

@@ -25,7 +25,7 @@ from .events import (
 )
 from .messages import (
     Ack, BoardOp, BoardReply, Drain, Ending, Gone, Halt, Heartbeat, Holding, KillRequest, Message, Mirror, Regroup,
-    Release, Report, TimedOut,
+    Release, Report, Safe, TimedOut,
 )
 from .replan import Replanning
 from .results import vet
@@ -138,6 +138,8 @@ class Station(Replanning, Closing, Watching):
             return self.on_timed_out(msg)  # (sent by a rank just before it was killed)
         if isinstance(msg, Halt):
             return self.user_error(msg.rank, msg.why, src)  # (the error stands, whatever became of its rank)
+        if isinstance(msg, Safe):
+            return self.on_safe(src, msg.seq)  # (true even if its sender died since)
         if src in self.failed:
             return []  # sent before it died; what it held is already back in a queue
         if isinstance(msg, Heartbeat):
@@ -194,6 +196,8 @@ class Station(Replanning, Closing, Watching):
         if self.planner is not None and isinstance(d, Master) and msg.tasks:
             self.planner.on_tasks(msg.tasks, msg.busy, msg.busy_sq, msg.task_max, now)
         d.on_report(src, msg, now)
+        if msg.seq > self.heard_seq.get(src, 0):
+            self.heard_seq[src] = msg.seq
         return self.serve()
 
     def _board_op(self, src: int, op: BoardOp) -> list[Effect]:
@@ -229,7 +233,7 @@ class Station(Replanning, Closing, Watching):
         outs += self.lease_kills()
         if self.ft:
             outs += self.mirror_out()
-        outs += self.heartbeats() + self.watch_master() + self.watch()
+        outs += self.heartbeats() + self.watch_master() + self.watch() + self.tell_safe()
         outs += self.closing()
         return outs
 

@@ -10,7 +10,7 @@ from nlevel.model.plan import Plan
 from nlevel.roles.messages import (
     MESSAGES, Ack, Message, BoardOp, BoardReply, Drain, Ending, FailureRecord, Gone, Halt, Heartbeat, Holding, KillRequest,
     Mirror,
-    TAGS, Regroup, Release, Report, Tag, TaskFailure, TimedOut, decode, encode,
+    TAGS, Regroup, Release, Safe, Report, Tag, TaskFailure, TimedOut, decode, encode,
 )
 
 FAILURE = TaskFailure(7, "raised", "ValueError: bad", 3, "h", "Traceback ...", 2)
@@ -20,7 +20,7 @@ RECORD = FailureRecord(4, "region-master", 1, "ulfm", 0, 12.5, 9, 1.5, "deputy's
 # dropped or reordered by encode/decode shows.
 SAMPLES = [
     Report(((0, 5), (9, 10)), ((3, 1.5), (4, (2.0, 3.0))), ((20, 22),), (FAILURE,), True, 2, True, 5, 0.25, 0.75, 4.5,
-           Ending(({"rank": 3, "tasks": 7},), {"unexpected": 0}), 96),
+           Ending(({"rank": 3, "tasks": 7},), {"unexpected": 0}), 96, 12),
     Regroup(2, Plan(3, (2,), reason="r"), (5, 6)),
     Ack(5),
     Holding(((1, 4), (8, 9)), (3, 6), True, 12, ((3, ((5, 6),)),), ((10, 12),), True),
@@ -35,10 +35,11 @@ SAMPLES = [
     Ending(({"rank": 3, "tasks": 7},), {"unexpected": 1, "failures": []}),
     Release(1, (2, 5), {"complete": False}, True, "cannot write checkpoint run.h5: No space left on device", 28),
     Halt(2, "ValueError: result of task 0 must be a number (x), got 'a'"),
+    Safe(41),
 ]
 DEFAULTS = [Report(), Regroup(0, Plan()), Ack(0), Holding(), Mirror(), Drain(), KillRequest(0), BoardOp(0, "read", 0),
             BoardReply(()), Gone(()), Heartbeat(), TimedOut(0, (), 0.0), Ending((), {}), Release(0),
-            Halt(0, "")]
+            Halt(0, ""), Safe(0)]
 
 
 def kind(msg):

@@ -62,3 +62,17 @@ def test_a_switch_then_the_masters_death_commits_every_id_once(victims, seed):
     out = net.run()
     assert state["killed"] and len(out.stations[min(set(range(size)) - out.dead)].plans) >= 2
     check(out, total)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_results_sent_up_are_forgotten_once_safe(seed):
+    """Issue 35: every rank kept every result it sent up until its parent died (a region-master its
+    whole region's, for the whole job). Parents now say which reports are safe (the master once its
+    deputy has the commits, a region once its own parent said so): a few remain, never the job's."""
+    config = Config(levels=3, regions=(2,), fault_tolerance="on", lease=0.05, report_every=4)
+    out = Network(8, Plan(3, (2,)), 3000, seed, config=config).run()
+    check(out, 3000)
+    for st in out.stations:
+        sent = sum(st.up_seq.values())
+        kept = sum(len(q) for q in st.unsafe.values())
+        assert kept <= 8 and (sent < 20 or kept < sent / 5), (st.rank, sent, kept)
