@@ -93,3 +93,22 @@ def test_the_deputy_copies_every_count_however_many_ids():
 
     deputy.handle(Received(0, send.msg))
     assert deputy.mirror_deaths.ranges() == st.server.deaths.ranges()
+
+
+def test_a_poison_task_in_a_billion_id_job_is_quarantined_by_the_farm():
+    """The whole path on the real state machines (in-process network, 8 ranks, ULFM on): a job of
+    10^9 ids whose checkpoint holds all but 400 around id 250,000,000, which kills every process that
+    runs it. After --quarantine (3) deaths it is recorded failed; every other id is committed once."""
+    from nlevel.model.plan import Plan as _Plan
+    from nlevel.testing.network import Network
+
+    poison = 250_000_000
+    total = 10**9
+    completed = ((0, poison - 200), (poison + 200, total))
+    config = Config(levels=2, fault_tolerance="on", chunk=4, quarantine=3)
+    out = Network(8, _Plan(2), total, 3, config=config, completed=completed, exits=frozenset({poison})).run()
+    led = out.ledger
+    assert list(led.failed) == [poison] and led.failed[poison].kind == "died" and led.failed[poison].attempts == 3
+    assert led.n_committed == total - 1 and len(out.dead) == 3
+    twice = [tid for tid, n in out.executed.items() if n > 1 and tid != poison]
+    assert all(tid in out.at_risk for tid in twice), twice  # (run again only if held by a rank that died)
