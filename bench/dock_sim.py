@@ -40,7 +40,6 @@ import time
 from typing import Any
 
 import numpy as np
-from scipy.optimize import brentq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCK_MIN, DOCK_MAX, DOCK_MEAN = 14.0, 801.0, 204.0  # the paper's DOCK task times (s)
@@ -69,6 +68,8 @@ def scale_to_dock(t: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
         return DOCK_MIN + c * (t ** b - lo ** b)
 
     try:
+        from scipy.optimize import brentq  # (here: a parse of the command line needs no scipy)
+
         b = brentq(lambda b: float(mapped(b).mean()) - DOCK_MEAN, 0.02, 50.0, xtol=1e-12)
     except ValueError as exc:
         raise ValueError(f"no exponent maps the sample (mean {t.mean():.3g} s, min {lo:.3g}, max {hi:.3g}) onto "
@@ -170,8 +171,8 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the comparison, write the result file, print the table; 2 on bad input."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--times", default=os.path.join(ROOT, "bench", "results", "dock_times_abl1.txt"),
                    help="measured per-ligand seconds, one a line")
@@ -185,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="the paper's plan at 16,384 processes, also run at the largest count ('' for none)")
     p.add_argument("--engine", default="auto", choices=("auto", "compiled", "python"), help="nlevel.sim's --engine")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "dock_sim.json"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison, write the result file, print the table; 2 on bad input."""
+    p = build_parser()
     a = p.parse_args(argv)
     try:
         procs = [int(x) for x in a.procs.split(",")]
