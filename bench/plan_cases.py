@@ -32,8 +32,8 @@ from nlevel.model.planner import choose_plan  # noqa: E402
 from nlevel.roles.autoplan import costs_of  # noqa: E402
 
 #: The fixed plans, by name: the centralized one, the paper's DOCK layout, and a 4-level tree.
-PLANS = {"2 levels (centralized)": Plan(2), "3 levels, 128 region-masters": Plan(3, (128,)),
-         "4 levels, 16 x 8 region-masters": Plan(4, (16, 8))}
+PLANS = {"2 levels (centralized)": Plan(2), "3 levels, regions 128": Plan(3, (128,)),
+         "4 levels, regions 16 x 8": Plan(4, (16, 8))}
 
 
 def _row(name: str, p: Prediction) -> dict[str, Any]:
@@ -49,8 +49,8 @@ def case(procs: int, task_s: float, tasks_per_proc: int, service_time: float, ms
     costs = costs_of(replace(Config(), service_time=service_time, msg_time=msg_time))
     work = Workload.uniform(procs, task_s, task_s, procs * tasks_per_proc)
     chosen = choose_plan(work, costs)
-    regions = "x".join(map(str, chosen.plan.regions))
-    name = f"chosen: {chosen.plan.levels} levels" + (f", {regions} region-masters" if regions else "")
+    regions = " x ".join(map(str, chosen.plan.regions))
+    name = f"chosen: {chosen.plan.levels} levels" + (f", regions {regions}" if regions else "")
     return {"procs": procs, "task_s": task_s, "tasks_per_proc": tasks_per_proc, "service_time_s": service_time,
             "msg_time_s": msg_time, "plans": [_row(k, predict(v, work, costs)) for k, v in PLANS.items()]
             + [_row(name, chosen.chosen)]}
