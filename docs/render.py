@@ -8,7 +8,8 @@ Two kinds of generated text, never typed by hand:
 
 * ``docs/settings.md``, whole, from the settings table (:data:`nlevel.config.SETTINGS`,
   the fields of :class:`nlevel.config.Config`), which also drives ``--help``;
-* tables rendered from saved results, in any ``.md`` file of ``docs/`` or ``README.md``,
+* tables rendered from saved results, in ``README.md``, any ``.md`` file of ``docs/`` or an app's
+  ``README.md``,
   between two markers that name the renderer and its JSON files (globs allowed)::
 
       <!-- render: compare bench/results/compare-*.json -->
@@ -18,7 +19,10 @@ Two kinds of generated text, never typed by hand:
   Renderers: ``suite`` (``bench/suite.py``'s table), ``peers`` (the same file, condensed to
   one row per system at the process counts that were not oversubscribed), ``compare`` (``bench/compare.py``),
   ``soak`` (``bench/soak.py``; ``soak_summary``: its first table), ``rollback`` (``bench/rollback.py``), ``sim``
-  (``bench/sim_points.py``), ``cells`` (``bench/model_cells.py``), ``model_real`` (``bench/model_real.py``).
+  (``bench/sim_points.py``), ``cells`` (``bench/model_cells.py``), ``model_real`` (``bench/model_real.py``),
+  ``plans`` (``bench/plan_cases.py``), ``paper_table1``, ``paper_table3``, ``paper_table4``
+  (``bench/paper_tables.py``: one table each, with the provenance of its own cells), ``dock_sim``
+  (``bench/dock_sim.py``).
   Each table ends with the file it came from, the command that made it and the commit, or says
   plainly that the file does not record them. A result measured before later commits to
   ``nlevel/`` says how many came after it (counted when rendered: a later commit to ``nlevel/``
@@ -30,7 +34,7 @@ outside git), and each command it records must still parse with the parser of th
 it names (its ``build_parser()``, imported in a child process that never initialises MPI), with
 no recorded option (``args``) its parser no longer has. Nothing is run or downloaded.
 
-Links: every ``[text](target)`` outside code in ``README.md`` and ``docs/**/*.md`` whose
+Links: every ``[text](target)`` outside code in those files (and ``CHANGELOG.md``) whose
 target is not a URL must name a file or directory of the repository, and an
 ``#anchor`` into a Markdown file must name one of its headings (GitHub's slugs).
 """
@@ -39,6 +43,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import subprocess
@@ -128,11 +133,12 @@ def provenance(d: dict[str, Any]) -> Provenance:
     commits: list[str] = []
 
     def add(commit: Any) -> None:
-        if isinstance(commit, str) and commit and commit not in commits:
+        commit = commit.split("+")[0] if isinstance(commit, str) else None  # ("+dirty": uncommitted changes)
+        if commit and commit not in commits:
             commits.append(commit)
 
     add(p.get("commit") or machine.get("git") or d.get("commit"))
-    rows = [r for key in ("points", "cells") for r in _values(d.get(key)) if isinstance(r, dict)]
+    rows = [r for key in ("points", "cells", "rows", "runs") for r in _values(d.get(key)) if isinstance(r, dict)]
     row_commands: list[str] = []
     for r in rows:
         add(r["provenance"].get("commit") if isinstance(r.get("provenance"), dict) else None)
@@ -569,6 +575,77 @@ def render_model_real(results: Results) -> list[str]:
     return table(["ranks", "tasks", "plan", "measured", "predicted", "within 25 % / 1 pt"], rows)
 
 
+def render_plans(results: Results) -> list[str]:
+    """``bench/plan_cases.py``: the cost model's prediction for fixed plans and the planner's choice, per case."""
+    rows, notes = [], []
+    for _, d in results:
+        for c in d.get("cases", []):
+            plans = c.get("plans", [])
+            for p in plans:
+                over = p.get("overhead")
+                rows.append([f"{c.get('task_s', '?'):g} s", p.get("name", "?"),
+                             f"{_num(p.get('makespan_s'), ',.1f')} s",
+                             f"{100 * over:.2f} %" if isinstance(over, (int, float)) else "–",
+                             _num(p.get("busiest_rho"), ".2f"), "yes" if p.get("feasible") else "no"])
+            first, last = (plans[0].get("makespan_s"), plans[-1].get("makespan_s")) if plans else (None, None)
+            if isinstance(first, (int, float)) and isinstance(last, (int, float)) and last > 0:
+                notes.append(f"{c.get('task_s', '?'):g} s tasks: the centralized plan's makespan is "
+                             f"{first / last:.1f}× the chosen plan's")
+    c0 = next((c for _, d in results for c in d.get("cases", [])), {})
+    return table(["tasks", "plan", "predicted makespan", "predicted overhead", "busiest server's ρ",
+                  "feasible (every server's ρ ≤ 0.7)"], rows) + [
+        "", f"{c0.get('procs', 0):,} processes, {c0.get('tasks_per_proc', '?')} tasks each, a server's "
+            f"{_num(1e3 * c0.get('service_time_s', math.nan), '.2g')} ms per message, "
+            f"{_num(1e6 * c0.get('msg_time_s', math.nan), '.3g')} µs per message one way, nlevel's default "
+            f"one-sided costs. " + "; ".join(notes) + ("." if notes else "")]
+
+
+def render_dock_sim(results: Results) -> list[str]:
+    """``bench/dock_sim.py``: the paper's DOCK comparison (its Table 2) beside the simulated one, per service time."""
+    out: list[str] = []
+    for _, d in results:
+        procs = d.get("procs") or [0, 0]
+        small, large = f"{procs[0]:,}", f"{procs[-1]:,}"
+        rows = [["**paper (DOCK, measured)**", "**+4.9 %**", "**+34.3 %**", "**+34.3 %**", "**12.37** (DOCK's own)",
+                 "**15.84**", "3 levels, 128 region-masters"]]
+        for c in d.get("comparison", []):
+            plan = c.get("auto_plan_large") or {}
+            regions = plan.get("regions") or []
+            rms = f" (regions {', '.join(map(str, regions))})" if regions else ""
+            paper = c.get("gain_large_paper_plan")
+            rows.append([f"{_num(1e3 * c.get('service_time', math.nan), '.3g')} ms"
+                         + ("" if c.get("service_forced") else " (`--service-time`)"),
+                         f"{100 * c['gain_small']:+.1f} %", f"{100 * c['gain_large']:+.1f} %",
+                         f"{100 * paper:+.1f} %" if isinstance(paper, (int, float)) else "–",
+                         _num(c.get("speedup_classic"), ".2f"), _num(c.get("speedup_auto"), ".2f"),
+                         f"{plan.get('levels', '?')} levels{rms}"])
+        out += table(["service per message", f"auto faster than classic at {small}", f"at {large}",
+                      f"paper's plan faster than classic at {large}", f"speed-up {small} → {large}, classic", "auto",
+                      f"auto's plan at {large}"], rows)
+        base = next((r for r in d.get("runs", []) if not r.get("service_forced")), {})
+        out += ["", f"Every run: {_num(1e3 * base.get('msg_time', math.nan), '.3g')} ms per message one way; "
+                    f"{d.get('tasks', 0):,} tasks drawn from `{d.get('scaled_times', '?')}` (seed {d.get('seed', '?')})."]
+    return out
+
+
+def _paper_table(key: str) -> Callable[[Results], list[str]]:
+    def render(results: Results) -> list[str]:
+        """``bench/paper_tables.py``: one of the paper's tables beside nlevel's simulation, as the script wrote it."""
+        return [line for _, d in results for line in str((d.get("markdown") or {}).get(key, "–")).splitlines()]
+
+    return render
+
+
+def _paper_cells(prefix: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The provenance of one of ``bench/paper_tables.py``'s tables: its own cells' commands and commits."""
+    def scope(d: dict[str, Any]) -> dict[str, Any]:
+        cells = {k: v for k, v in (d.get("cells") or {}).items() if k.startswith(prefix)}
+        first = next(iter(cells.values()), {})
+        return {"provenance": first.get("provenance") or d.get("provenance"), "cells": cells}
+
+    return scope
+
+
 RENDERERS: dict[str, Callable[[Results], list[str]]] = {
     "soak_summary": render_soak_summary,
     "suite": render_suite,
@@ -579,6 +656,16 @@ RENDERERS: dict[str, Callable[[Results], list[str]]] = {
     "sim": render_sim,
     "cells": render_cells,
     "model_real": render_model_real,
+    "plans": render_plans,
+    "dock_sim": render_dock_sim,
+    "paper_table1": _paper_table("table1"),
+    "paper_table3": _paper_table("table3"),
+    "paper_table4": _paper_table("table4"),
+}
+
+#: Renderers whose table comes from part of its file: the provenance under it is that part's.
+SCOPES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "paper_table1": _paper_cells("t1 "), "paper_table3": _paper_cells("t3 "), "paper_table4": _paper_cells("t4 "),
 }
 
 _BLOCK = re.compile(r"(<!-- render: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end render -->)", re.S)
@@ -611,7 +698,8 @@ def render_block(spec: str, root: str = ROOT) -> str:
     lines = RENDERERS[name](list(zip(paths, data)))
     while lines and not lines[-1]:
         lines.pop()
-    return "\n".join(lines + ["", source_line(paths, data, root)]) + "\n"
+    scope = SCOPES.get(name)
+    return "\n".join(lines + ["", source_line(paths, [scope(d) for d in data] if scope else data, root)]) + "\n"
 
 
 def render_text(text: str, root: str = ROOT) -> str:
@@ -623,9 +711,10 @@ def render_text(text: str, root: str = ROOT) -> str:
 
 
 def markdown_files(root: str = ROOT) -> list[str]:
-    """README.md and every .md under docs/, relative to ``root``."""
-    out = ["README.md"] if os.path.exists(os.path.join(root, "README.md")) else []
-    out += sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "docs", "**", "*.md"), recursive=True))
+    """README.md, CHANGELOG.md, every .md under docs/ and each app's README, relative to ``root``."""
+    out = [f for f in ("README.md", "CHANGELOG.md") if os.path.exists(os.path.join(root, f))]
+    for pattern in (("docs", "**", "*.md"), ("apps", "**", "README.md")):
+        out += sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, *pattern), recursive=True))
     return out
 
 
