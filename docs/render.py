@@ -260,10 +260,13 @@ def _parse_one(command: str, root: str) -> dict[str, Any]:
     build = getattr(module, "build_parser", None)
     if not callable(build):
         return {"problem": f"names {where}, which has no build_parser() to parse it with"}
+    parser = build()
+    if parser.prog == os.path.basename(sys.argv[0]):  # (argparse's default: this process's name, not the script's)
+        parser.prog = where
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            options = build().parse_args(args)
+            options = parser.parse_args(args)
     except SystemExit:
         said = [line for line in err.getvalue().splitlines() if line.strip()]
         return {"problem": f"is refused by {where} today ({said[-1] if said else 'no message'})", "where": where}

@@ -330,3 +330,22 @@ FAILING_NOW = {
 def test_the_saved_results_that_fail_the_check_are_the_known_ones():
     problems = render.result_problems()
     assert {p.split(":")[0] for p in problems} == FAILING_NOW, problems
+
+
+def test_the_commands_the_docs_show_still_parse():
+    """Every ``python -m nlevel.sim|plan`` and ``python bench/X.py`` line in a bash block of the docs parses
+    with today's parser (a usage line's ``[optional parts]`` left out)."""
+    import re
+
+    commands = []
+    for rel in render.markdown_files():
+        with open(os.path.join(ROOT, rel)) as f:
+            text = f.read()
+        for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                m = re.search(r"python3? (?:-m nlevel\.(?:sim|plan)|bench/\w+\.py)\b[^#]*", line)
+                if m:
+                    commands.append(re.sub(r"\[[^\]]*\]", "", m.group(0)).strip())
+    assert len(commands) >= 15, commands
+    parsed = render.parse_commands(commands)
+    assert {c: p["problem"] for c, p in parsed.items() if p["problem"]} == {}
