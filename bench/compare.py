@@ -208,7 +208,8 @@ def sweep(size: int, tasks_per_proc: int) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--zero", type=int, default=100_000, help="zero-work tasks per run (default 100000)")
     p.add_argument("--tasks-per-proc", type=int, default=100, help="2-5 ms tasks per process (default 100)")
@@ -218,6 +219,11 @@ def main() -> int:
     p.add_argument("--sweep", action="store_true", help="also run the T_wait-vs-rho sweep (nlevel only)")
     p.add_argument("--repeat", type=int, default=3, help="runs per cell; the median is reported (default 3)")
     p.add_argument("--json", help="write all measurements here")
+    return p
+
+
+def main() -> int:
+    p = build_parser()
     args = p.parse_args()
     size = comm.size
     cores = os.cpu_count() or 1  # (not this rank's affinity: mpiexec binds each rank to one core)

@@ -12,8 +12,9 @@
 3. Runs ``python -m nlevel.sim --task-times-file SCALED --tasks 240000 --plan P --json``
    (the simulator of this checkout, which drives nlevel's own role state machines) for
    ``P`` = ``classic`` (2 levels: one master, as DOCK's own scheduler) and ``auto`` (the
-   queueing model's plan) at each process count, with nlevel.sim's default service and
-   message times (the machine's calibration if one exists, else its built-in ones); then
+   queueing model's plan) at each process count, every server spending ``--service-time``
+   per message (0.03 ms) and every message ``--msg-time`` one way (0.25 ms), given to each
+   run so that neither the simulator's defaults nor a calibration file change them; then
    again with every server's service time (the master's and the region-masters') forced
    to each value of ``--service-sweep``, to find how slow a server must be before the
    classic plan loses.
@@ -40,10 +41,12 @@ import time
 from typing import Any
 
 import numpy as np
-from scipy.optimize import brentq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCK_MIN, DOCK_MAX, DOCK_MEAN = 14.0, 801.0, 204.0  # the paper's DOCK task times (s)
+#: Every run's service time per message and one-way message time (s) unless the sweep forces the service
+#: time: given to each run, so that neither the simulator's defaults nor a calibration file change them.
+BASE_SERVICE, BASE_MSG = 3e-5, 2.5e-4
 PAPER = {"gain_1024": 0.049, "gain_16384": 0.343, "speedup_nlevel": 15.84, "speedup_dock": 12.37,
          "levels_1024": 2, "levels_16384": 3, "regions_16384": 128}
 
@@ -69,6 +72,8 @@ def scale_to_dock(t: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
         return DOCK_MIN + c * (t ** b - lo ** b)
 
     try:
+        from scipy.optimize import brentq  # (here: a parse of the command line needs no scipy)
+
         b = brentq(lambda b: float(mapped(b).mean()) - DOCK_MEAN, 0.02, 50.0, xtol=1e-12)
     except ValueError as exc:
         raise ValueError(f"no exponent maps the sample (mean {t.mean():.3g} s, min {lo:.3g}, max {hi:.3g}) onto "
@@ -85,7 +90,7 @@ def _stats(t: np.ndarray) -> dict[str, float]:
 
 
 def simulate(procs: int, plan: str, times_file: str, tasks: int, seed: int, engine: str,
-             service: float | None = None) -> dict[str, Any]:
+             service: float | None = None, base: tuple[float, float] = (BASE_SERVICE, BASE_MSG)) -> dict[str, Any]:
     """One ``python -m nlevel.sim`` run; its JSON result with the command and the CPU seconds it took.
 
     Raises:
@@ -93,8 +98,7 @@ def simulate(procs: int, plan: str, times_file: str, tasks: int, seed: int, engi
     """
     cmd = ["python", "-m", "nlevel.sim", "--procs", str(procs), "--task-times-file", os.path.relpath(times_file, ROOT),
            "--tasks", str(tasks), "--plan", plan, "--seed", str(seed), "--engine", engine, "--json"]
-    if service is not None:
-        cmd += ["--service-time", repr(service)]
+    cmd += ["--service-time", repr(service if service is not None else base[0]), "--msg-time", repr(base[1])]
     before = os.times()
     proc = subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=ROOT, OPENBLAS_NUM_THREADS="1"))
@@ -162,7 +166,7 @@ def table(result: dict[str, Any]) -> str:
     for c in result["comparison"]:
         plan = c["auto_plan_large"]
         regions = f", {'x'.join(map(str, plan['regions']))} region-masters" if plan["regions"] else ""
-        lines.append(f"| {1e3 * c['service_time']:.3g} ms{'' if c['service_forced'] else ' (nlevel.sim default)'} | "
+        lines.append(f"| {1e3 * c['service_time']:.3g} ms{'' if c['service_forced'] else ' (--service-time)'} | "
                      f"{100 * c['gain_small']:+.1f} % | {100 * c['gain_large']:+.1f} % | {c['speedup_classic']:.2f} | "
                      f"{c['speedup_auto']:.2f} | {plan['levels']} levels{regions} | "
                      + (f"{100 * c['gain_large_paper_plan']:+.1f} % |" if c["gain_large_paper_plan"] is not None
@@ -170,8 +174,8 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the comparison, write the result file, print the table; 2 on bad input."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--times", default=os.path.join(ROOT, "bench", "results", "dock_times_abl1.txt"),
                    help="measured per-ligand seconds, one a line")
@@ -183,8 +187,17 @@ def main(argv: list[str] | None = None) -> int:
                         "('' for none)")
     p.add_argument("--paper-plan", default="levels=3,regions=128",
                    help="the paper's plan at 16,384 processes, also run at the largest count ('' for none)")
+    p.add_argument("--service-time", type=float, default=BASE_SERVICE,
+                   help=f"a server's seconds per message, where the sweep does not force it (default {BASE_SERVICE})")
+    p.add_argument("--msg-time", type=float, default=BASE_MSG, help=f"one message, one way, s (default {BASE_MSG})")
     p.add_argument("--engine", default="auto", choices=("auto", "compiled", "python"), help="nlevel.sim's --engine")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "dock_sim.json"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison, write the result file, print the table; 2 on bad input."""
+    p = build_parser()
     a = p.parse_args(argv)
     try:
         procs = [int(x) for x in a.procs.split(",")]
@@ -204,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     for service in [None, *sweep]:
         for n in procs:
             for plan in ("classic", "auto", a.paper_plan) if n == procs[-1] and a.paper_plan else ("classic", "auto"):
-                r = simulate(n, plan, scaled_path, a.tasks, a.seed, a.engine, service)
+                r = simulate(n, plan, scaled_path, a.tasks, a.seed, a.engine, service, (a.service_time, a.msg_time))
                 runs.append(r)
                 print(f"{r['command']}: makespan {r['makespan']:,.0f} s, {r['levels']} levels, "
                       f"{100 * r['over_ideal']:+.1f} % over ideal ({r['sim_cpu_seconds']} CPU s)", flush=True)

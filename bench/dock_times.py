@@ -28,7 +28,6 @@ from importlib.metadata import version
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from apps.dock_like import hitlist  # noqa: E402
 from apps.dock_like.builddata import DRUGS  # noqa: E402
 
 ACTIVES = os.path.join(ROOT, "apps", "dock_like", "data", "abl1_actives_decoys.smi")
@@ -53,8 +52,8 @@ def library_lines() -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the timing screen and write the results; return the app's exit status."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--target", default="ABL1")
     p.add_argument("--exhaustiveness", type=int, default=8)
@@ -63,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", help="directory of the screen (checkpoint, library); the same --work resumes a "
                                   "stopped measurement without docking its finished ligands again (default: a new "
                                   "temporary directory)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the timing screen and write the results; return the app's exit status."""
+    p = build_parser()
     a = p.parse_args(argv)
     work = os.path.abspath(a.work) if a.work else tempfile.mkdtemp(prefix="dock_times.")
     os.makedirs(work, exist_ok=True)
@@ -90,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     if proc.returncode != 0:
         print(f"dock_times: the screen failed (exit {proc.returncode}); work dir {work}", file=sys.stderr)
         return proc.returncode
+    from apps.dock_like import hitlist  # (here: a parse of the command line needs no h5py)
+
     hits = hitlist.read_hits(os.path.join(work, "hits.h5"))
     rows = []
     for i in sorted(range(len(hits["id"])), key=lambda i: int(hits["id"][i])):

@@ -52,7 +52,8 @@ def timed_map(executor: MPIPoolExecutor, fn: Any, items: list[Any], chunksize: i
     return time.perf_counter() - t0, busy
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--zero", type=int, default=20_000, help="zero-work tasks per run at chunksize 1 (default 20000)")
     p.add_argument("--zero-tuned", type=int, default=100_000, help="zero-work tasks per run at the tuned chunksize")
@@ -61,6 +62,11 @@ def main() -> int:
     p.add_argument("--long-tasks-per-proc", type=int, default=0, help="60-180 ms tasks per process (default 0: none)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json")
+    return p
+
+
+def main() -> int:
+    p = build_parser()
     args = p.parse_args()
     size = MPI.COMM_WORLD.Get_size()
     workers = max(size - 1, 1)

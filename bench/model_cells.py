@@ -105,13 +105,19 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--procs", default="1024,8192,32768", help="process counts, comma-separated")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="workloads, comma-separated: " + ", ".join(WORKLOADS))
     p.add_argument("--tasks-per-proc", type=int, default=100, help="tasks per process (default 100)")
     p.add_argument("--engine", default="auto", choices=("auto", "compiled", "python"), help="simulator engine")
     p.add_argument("--json", metavar="FILE", help="write the rows and their provenance as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     o = p.parse_args(argv)
     rows = []
     for workload in [w.strip() for w in o.workloads.split(",") if w.strip()]:

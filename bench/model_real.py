@@ -96,7 +96,8 @@ def close(predicted: float, measured: float) -> bool:
     return abs(predicted - measured) <= max(0.25 * measured, 0.01)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default="2,4,8", help="rank counts, comma-separated (default 2,4,8)")
     p.add_argument("--tasks", type=int, default=6000, help="tasks per run (default 6000)")
@@ -104,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task-spread", type=float, default=3.0, help="task times uniform in [min, min + spread] ms")
     p.add_argument("--repeat", type=int, default=3, help="runs per rank count; the median is compared (default 3)")
     p.add_argument("--json", metavar="FILE", help="write the rows and their provenance as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     o = p.parse_args(argv)
     rows = []
     for ranks in [int(x) for x in o.ranks.split(",") if x.strip()]:

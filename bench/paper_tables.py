@@ -279,7 +279,8 @@ def markdown_t4(cells: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tables", default="1", help="tables to reproduce, comma-separated (1, 3, 4)")
     p.add_argument("--procs", type=int, default=32768, help="Table 1's processes (default 32768)")
@@ -289,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=os.path.join(HERE, "results", "paper_tables.json"), help="result file")
     p.add_argument("--fresh", action="store_true", help="run every cell again")
     p.add_argument("--only", help="run only the cells whose id contains this text")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     o = p.parse_args(argv)
     tables = {t.strip() for t in o.tables.split(",") if t.strip()}
     data: dict[str, Any] = {"cells": {}}

@@ -103,7 +103,8 @@ def rollback(a: argparse.Namespace, base: str, at: int) -> dict[str, Any]:
     return row
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--size", type=int, default=8)
@@ -114,6 +115,11 @@ def main() -> None:
     p.add_argument("--at", type=float, default=0.5, help="share of ids committed at the kill [default 0.5]")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "rollback.json"))
+    return p
+
+
+def main() -> None:
+    p = build_parser()
     a = p.parse_args()
     base = tempfile.mkdtemp(prefix="nlevel-rollback-")
     at = int(a.n * a.at)

@@ -79,7 +79,8 @@ def simulate_point(workload: str, plan: str, procs: int, tasks_per_proc: int, ti
     return point
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--max-procs", type=int, default=8192, help="largest process count to simulate (default 8192)")
     p.add_argument("--procs", help="only these process counts, comma-separated (default: every count of each workload)")
@@ -87,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks-per-proc", type=int, default=100, help="tasks per process (default 100, as in the paper)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per point (default 1800)")
     p.add_argument("--json", default=os.path.join(HERE, "results", "sim_points.json"), help="the file to fill in")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     options = p.parse_args(argv)
     data: dict[str, Any] = {"points": {}}
     if os.path.exists(options.json):

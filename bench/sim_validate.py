@@ -137,7 +137,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--procs", default="2,4,8", help="process counts, comma-separated (default 2,4,8)")
     p.add_argument("--tasks-per-proc", type=int, default=100, help="tasks per process (default 100)")
@@ -148,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per real run")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     options = p.parse_args(argv)
     counts = [int(x) for x in options.procs.split(",") if x.strip()]
     rows = []

@@ -283,7 +283,8 @@ def summarize(trials: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
     return s, "\n".join(lines)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
@@ -300,6 +301,11 @@ def main() -> None:
     p.add_argument("--markdown", metavar="FILE", help="also write the Markdown table here")
     p.add_argument("--phases", default=",".join(PHASES),
                    help="instants of death to draw from, comma-separated [default start,middle,end]")
+    return p
+
+
+def main() -> None:
+    p = build_parser()
     args = p.parse_args()
     phases = tuple(x.strip() for x in args.phases.split(",") if x.strip())
     if not phases or set(phases) - set(PHASES):

@@ -384,7 +384,8 @@ def format_table(table: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small counts, one repeat: checks that it all runs (noisy)")
     p.add_argument("--procs", default="2,4,8", help="process counts, comma-separated (default 2,4,8)")
@@ -397,6 +398,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="then execute notebooks/overhead.ipynb on this JSON, writing notebooks/figures/*.png")
     for k in COUNTS:
         p.add_argument(f"--{k.replace('_', '-')}", type=int, help=f"override (full {COUNTS[k][0]}, quick {COUNTS[k][1]})")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     c = {k: (getattr(args, k) if getattr(args, k) is not None else v[1 if args.quick else 0]) for k, v in COUNTS.items()}
     procs = [int(x) for x in args.procs.split(",") if x.strip()]

@@ -61,11 +61,17 @@ def one_run(total: int, k: int) -> dict[str, float]:
             "overhead": 1.0 - busy / (workers * wall)}
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks-per-worker", type=int, default=100, help="2-5 ms tasks per worker (default 100)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json")
+    return p
+
+
+def main() -> int:
+    p = build_parser()
     args = p.parse_args()
     size = comm.Get_size()
     if size < 2 or size % 2:

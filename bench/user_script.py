@@ -256,7 +256,8 @@ def rows(data: dict[str, Any]) -> list[list[str]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what ``docs/render.py --check`` parses a saved result's command with)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer tasks, 2 runs each: checks that it works (noisy)")
     p.add_argument("--repeat", type=int, help="runs of each script per case (default 7; --quick 2)")
@@ -266,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="cached: a private bytecode cache filled before measuring (default); as-is: the environment's")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per launch (default 300)")
     p.add_argument("--json", help="write the runs, their medians and the targets here (with the command and commit)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",")] if args.cases else None
     for c in cases or ():

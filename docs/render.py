@@ -1,13 +1,15 @@
-"""The generated parts of the docs, and the check that every relative link resolves.
+"""The generated parts of the docs, the check that every relative link resolves, and the check
+that every saved result still belongs to this history and its command still parses.
 
     python docs/render.py            # rewrite every generated part
-    python docs/render.py --check    # exit 1 naming what is stale, and every broken link
+    python docs/render.py --check    # exit 1 naming what is stale, every broken link, every result that fails
 
 Two kinds of generated text, never typed by hand:
 
 * ``docs/settings.md``, whole, from the settings table (:data:`nlevel.config.SETTINGS`,
   the fields of :class:`nlevel.config.Config`), which also drives ``--help``;
-* tables rendered from saved results, in any ``.md`` file of ``docs/`` or ``README.md``,
+* tables rendered from saved results, in ``README.md``, any ``.md`` file of ``docs/`` or an app's
+  ``README.md``,
   between two markers that name the renderer and its JSON files (globs allowed)::
 
       <!-- render: compare bench/results/compare-*.json -->
@@ -17,23 +19,36 @@ Two kinds of generated text, never typed by hand:
   Renderers: ``suite`` (``bench/suite.py``'s table), ``peers`` (the same file, condensed to
   one row per system at the process counts that were not oversubscribed), ``compare`` (``bench/compare.py``),
   ``soak`` (``bench/soak.py``; ``soak_summary``: its first table), ``rollback`` (``bench/rollback.py``), ``sim``
-  (``bench/sim_points.py``). Each table ends with the file it came from, the command that
-  made it and the commit, or says plainly that the file does not record them.
+  (``bench/sim_points.py``), ``cells`` (``bench/model_cells.py``), ``model_real`` (``bench/model_real.py``),
+  ``plans`` (``bench/plan_cases.py``), ``paper_table1``, ``paper_table3``, ``paper_table4``
+  (``bench/paper_tables.py``: one table each, with the provenance of its own cells), ``dock_sim``
+  (``bench/dock_sim.py``).
+  Each table ends with the file it came from, the command that made it and the commit, or says
+  plainly that the file does not record them. A result measured before later commits to
+  ``nlevel/`` says how many came after it (counted when rendered: a later commit to ``nlevel/``
+  alone does not make the page stale); one whose command would not run today as it ran says so.
 
-Links: every ``[text](target)`` outside code in ``README.md`` and ``docs/**/*.md`` whose
+Saved results (``bench/results/**/*.json``), with ``--check``: each commit a result records must
+be an ancestor of HEAD (``git merge-base --is-ancestor``; not checked in a shallow clone or
+outside git), and each command it records must still parse with the parser of the script or tool
+it names (its ``build_parser()``, imported in a child process that never initialises MPI), with
+no recorded option (``args``) its parser no longer has. Nothing is run or downloaded.
+
+Links: every ``[text](target)`` outside code in those files (and ``CHANGELOG.md``) whose
 target is not a URL must name a file or directory of the repository, and an
 ``#anchor`` into a Markdown file must name one of its headings (GitHub's slugs).
 """
-
 from __future__ import annotations
 
 import argparse
 import glob
 import json
+import math
 import os
 import re
+import subprocess
 import sys
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTINGS_PAGE = os.path.join("docs", "settings.md")
@@ -82,6 +97,242 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+# ---------------------------------------------------------------- what a result records, and whether it still holds
+
+#: ``python -m NAME`` tools whose parser is not in the module ``NAME`` itself.
+_PARSERS = {"nlevel.sim": "nlevel.sim.cli", "nlevel.plan": "nlevel.runtime.plan_cli", "nlevel.run": "nlevel.runtime.cli"}
+_LAUNCHERS = ("nlevel-mpiexec", "mpiexec", "mpirun", "srun")
+
+
+class Provenance(NamedTuple):
+    """What a saved result says made it.
+
+    Attributes:
+        command: The whole run's command (None: not recorded).
+        row_commands: One command per row or cell, when the result records them (the simulator's
+            runs that a script made).
+        commits: The commits it was measured at, in the file's order.
+        options: The option names the run's parser gave it (its ``args``), when the file records them.
+    """
+
+    command: str | None
+    row_commands: tuple[str, ...]
+    commits: tuple[str, ...]
+    options: tuple[str, ...] | None
+
+
+def _values(x: Any) -> list[Any]:
+    return list(x.values()) if isinstance(x, dict) else list(x) if isinstance(x, list) else []
+
+
+def provenance(d: dict[str, Any]) -> Provenance:
+    """The provenance a result file records, wherever its script put it."""
+    p = d.get("provenance") if isinstance(d.get("provenance"), dict) else {}
+    machine = d.get("machine") if isinstance(d.get("machine"), dict) else {}
+    command = p.get("command") or d.get("command")
+    commits: list[str] = []
+
+    def add(commit: Any) -> None:
+        commit = commit.split("+")[0] if isinstance(commit, str) else None  # ("+dirty": uncommitted changes)
+        if commit and commit not in commits:
+            commits.append(commit)
+
+    add(p.get("commit") or machine.get("git") or d.get("commit"))
+    rows = [r for key in ("points", "cells", "rows", "runs") for r in _values(d.get(key)) if isinstance(r, dict)]
+    row_commands: list[str] = []
+    for r in rows:
+        add(r["provenance"].get("commit") if isinstance(r.get("provenance"), dict) else None)
+        if isinstance(r.get("command"), str) and r["command"] not in row_commands:
+            row_commands.append(r["command"])
+    args = d.get("args")
+    return Provenance(command if isinstance(command, str) else None, tuple(row_commands), tuple(commits),
+                      tuple(args) if isinstance(args, dict) and isinstance(command, str) else None)
+
+
+def _git(root: str, *args: str) -> subprocess.CompletedProcess[str] | None:
+    try:
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def commit_state(commit: str, root: str = ROOT) -> tuple[str | None, int | None]:
+    """Where ``commit`` stands in the history of ``root``'s HEAD.
+
+    Returns:
+        (why it is not in that history, or None; how many later commits change ``nlevel/``, or
+        None). Both None when git cannot tell: no git, not a checkout, or a shallow clone (which
+        cannot tell an old commit from a foreign one).
+    """
+    shallow = _git(root, "rev-parse", "--is-shallow-repository")
+    if shallow is None or shallow.returncode != 0 or shallow.stdout.strip() != "false":
+        return None, None
+    out = _git(root, "merge-base", "--is-ancestor", commit, "HEAD")
+    if out is None:
+        return None, None
+    if out.returncode == 1:
+        return "not an ancestor of HEAD (it was measured on a history this branch does not hold)", None
+    if out.returncode != 0:
+        return "not a commit of this repository", None
+    n = _git(root, "rev-list", "--count", f"{commit}..HEAD", "--", "nlevel")
+    return None, int(n.stdout) if n is not None and n.returncode == 0 and n.stdout.strip().isdigit() else None
+
+
+_PARSED: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def parse_commands(commands: Iterable[str], root: str = ROOT) -> dict[str, dict[str, Any]]:
+    """Each command parsed with the parser of the script or tool it names, as that parser is now.
+
+    Offline and without running anything but the parsers: the scripts are imported (in a child
+    process, with MPI never initialised) and their ``build_parser()`` parses the command's words.
+
+    Returns:
+        command -> ``{"problem": why it no longer parses, or None, "options": the option names of
+        the parsed command (when it parses), "where": the script or tool}``.
+    """
+    todo = [c for c in dict.fromkeys(commands) if (root, c) not in _PARSED]
+    if todo:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--parse-commands", root],
+                              input=json.dumps(todo), capture_output=True, text=True, timeout=300, env=env)
+        try:
+            answers = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError) as exc:
+            raise ValueError(f"parsing the results' commands failed (exit {proc.returncode}): "
+                             f"{proc.stderr.strip()[-2000:]}") from exc
+        for c in todo:
+            _PARSED[(root, c)] = answers[c]
+    return {c: _PARSED[(root, c)] for c in commands}
+
+
+def _script(word: str, root: str) -> str | None:
+    """The script a command names, in ``root`` (a path recorded in another checkout is looked up by its tail)."""
+    path = word if os.path.isabs(word) else os.path.join(root, word)
+    if os.path.isfile(path):
+        return path
+    parts = os.path.normpath(word).split(os.sep)
+    for top in ("bench", "apps", "tests", "nlevel"):
+        if top in parts:
+            tail = os.path.join(root, *parts[len(parts) - 1 - parts[::-1].index(top):])
+            if os.path.isfile(tail):
+                return tail
+    return None
+
+
+def _parse_one(command: str, root: str) -> dict[str, Any]:
+    """One command parsed (see :func:`parse_commands`); runs in the child process."""
+    import contextlib
+    import importlib
+    import importlib.util
+    import io
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        return {"problem": f"cannot be split into words ({exc})"}
+    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):  # (VAR=value before the command)
+        words.pop(0)
+    if words and os.path.basename(words[0]) in _LAUNCHERS:
+        while words and not os.path.basename(words[0]).startswith("python"):
+            words.pop(0)
+    if not words or not os.path.basename(words[0]).startswith("python"):
+        return {"problem": "is not `python SCRIPT ...` nor `python -m MODULE ...`: nothing can parse it"}
+    words.pop(0)
+    try:
+        if words[:1] == ["-m"] and len(words) > 1:
+            where, args = f"python -m {words[1]}", words[2:]
+            module: Any = importlib.import_module(_PARSERS.get(words[1], words[1]))
+        elif words and words[0].endswith(".py"):
+            path = _script(words[0], root)
+            if path is None:
+                return {"problem": f"names {words[0]}, which does not exist"}
+            where, args = os.path.relpath(path, root), words[1:]
+            spec = importlib.util.spec_from_file_location(f"_render_{len(sys.modules)}", path)
+            assert spec is not None and spec.loader is not None
+            module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            return {"problem": "names no script and no module"}
+    except Exception as exc:  # (a script that cannot even be loaded: the command cannot run)
+        return {"problem": f"names a script or module that cannot be loaded ({type(exc).__name__}: {exc})"}
+    build = getattr(module, "build_parser", None)
+    if not callable(build):
+        return {"problem": f"names {where}, which has no build_parser() to parse it with"}
+    parser = build()
+    if parser.prog == os.path.basename(sys.argv[0]):  # (argparse's default: this process's name, not the script's)
+        parser.prog = where
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            options = parser.parse_args(args)
+    except SystemExit:
+        said = [line for line in err.getvalue().splitlines() if line.strip()]
+        return {"problem": f"is refused by {where} today ({said[-1] if said else 'no message'})", "where": where}
+    return {"problem": None, "options": sorted(vars(options)), "where": where}
+
+
+def _parse_commands_here(root: str) -> int:
+    """``--parse-commands ROOT``: the child of :func:`parse_commands` (commands on stdin, answers on stdout)."""
+    try:
+        import mpi4py
+
+        mpi4py.rc.initialize = False  # (a script may import mpi4py.MPI: parsing its command needs no MPI)
+    except ImportError:
+        pass
+    commands = json.loads(sys.stdin.read())
+    print(json.dumps({c: _parse_one(c, root) for c in commands}))
+    return 0
+
+
+def command_notes(prov: Provenance, root: str = ROOT) -> list[str]:
+    """Why a result's recorded command would not run today as it ran: it no longer parses, or the options
+    it recorded include one its script no longer has. Empty when it still holds (or records no command)."""
+    commands = [c for c in (prov.command, *prov.row_commands) if c]
+    if not commands:
+        return []
+    parsed = parse_commands(commands, root)
+    out = []
+    bad = [c for c in commands if parsed[c]["problem"]]
+    for c in bad[:1]:
+        more = f" (and {len(bad) - 1} more of its commands)" if len(bad) > 1 else ""
+        out.append(f"command `{c}`{more} {parsed[c]['problem']}")
+    if prov.command and prov.options is not None and not parsed[prov.command]["problem"]:
+        gone = [o for o in prov.options if o not in parsed[prov.command]["options"]]
+        if gone:
+            out.append(f"its recorded options include {', '.join(f'`{o}`' for o in gone)}, which "
+                       f"{parsed[prov.command]['where']} no longer has")
+    return out
+
+
+def result_files(root: str = ROOT) -> list[str]:
+    """Every saved result, ``bench/results/**/*.json``, relative to ``root``."""
+    pattern = os.path.join(root, "bench", "results", "**", "*.json")
+    return sorted(os.path.relpath(p, root) for p in glob.glob(pattern, recursive=True))
+
+
+def result_problems(root: str = ROOT) -> list[str]:
+    """``FILE: why`` for every saved result measured at a commit that is not an ancestor of HEAD, or whose
+    recorded command no longer parses (:func:`command_notes`). What ``--check`` fails on."""
+    out = []
+    loaded = []
+    for rel in result_files(root):
+        try:
+            with open(os.path.join(root, rel)) as f:
+                loaded.append((rel, provenance(json.load(f))))
+        except (OSError, ValueError) as exc:
+            out.append(f"{rel}: cannot be read: {exc}")
+    parse_commands([c for _, p in loaded for c in (p.command, *p.row_commands) if c], root)  # (one child for all)
+    for rel, prov in loaded:
+        for commit in prov.commits:
+            problem, _ = commit_state(commit, root)
+            if problem:
+                out.append(f"{rel}: commit {commit[:12]} is {problem}")
+        out += [f"{rel}: {note}" for note in command_notes(prov, root)]
+    return out
+
+
 # ---------------------------------------------------------------- tables from saved results
 
 
@@ -89,30 +340,36 @@ def _short(commit: Any) -> str:
     return f"`{str(commit)[:12]}`" if commit else "not recorded"
 
 
-def source_line(paths: list[str], data: list[dict[str, Any]]) -> str:
-    """The line under a table: the file(s), the command(s) and the commit(s), or that they are not recorded."""
-    commands, commits = [], []
-    for d in data:
-        p = d.get("provenance") or {}
-        machine = d.get("machine") or {}
-        command = p.get("command") or d.get("command")
-        commit = p.get("commit") or machine.get("git") or d.get("commit")
-        if command and command not in commands:
-            commands.append(command)
-        if commit and commit not in commits:
-            commits.append(commit)
-    rows = [p for d in data for p in (d.get("points") or {}).values() if isinstance(p, dict)]
-    per_row = [p["command"] for p in rows if p.get("command")]
-    for p in rows:
-        commit = (p.get("provenance") or {}).get("commit")
-        if commit and commit not in commits:
-            commits.append(commit)
+def _commit_note(commit: str, root: str) -> str:
+    problem, later = commit_state(commit, root)
+    if problem:
+        return f" ({problem})"
+    if later:
+        return f" (older than the code: {later:,} commit{'s' if later > 1 else ''} to nlevel/ came after it)"
+    return ""
+
+
+#: The note that counts later commits to nlevel/ grows with every such commit: what is stale is
+#: everything else (the count is rewritten whenever the page is rendered).
+_LATER = re.compile(r" \(older than the code: [\d,]+ commits? to nlevel/ came after it\)")
+
+
+def source_line(paths: list[str], data: list[dict[str, Any]], root: str = ROOT) -> str:
+    """The line under a table: the file(s), the command(s) and the commit(s) (with how many commits to
+    nlevel/ came after each), or that they are not recorded; then why the command would not run today as
+    it ran, if it would not."""
+    provs = [provenance(d) for d in data]
+    commands = list(dict.fromkeys(p.command for p in provs if p.command))
+    commits = list(dict.fromkeys(c for p in provs for c in p.commits))
+    per_row = [c for p in provs for c in p.row_commands]
     files = ", ".join(f"`{p}`" for p in paths)
     cmd = "; ".join(f"`{c}`" for c in commands) if commands else "not recorded"
     if not commands and per_row:
         cmd = f"one per row, recorded in the file (e.g. `{per_row[0]}`)"
-    com = ", ".join(_short(c) for c in commits) if commits else "not recorded"
-    return f"Source: {files}; command: {cmd}; commit: {com}."
+    com = ", ".join(_short(c) + _commit_note(c, root) for c in commits) if commits else "not recorded"
+    notes = [n for p in provs for n in command_notes(p, root)]
+    stale_note = f" Not what its command gives today: {'; '.join(notes)} (rerun it)." if notes else ""
+    return f"Source: {files}; command: {cmd}; commit: {com}.{stale_note}"
 
 
 def _pct(x: Any) -> str:
@@ -321,6 +578,77 @@ def render_model_real(results: Results) -> list[str]:
     return table(["ranks", "tasks", "plan", "measured", "predicted", "within 25 % / 1 pt"], rows)
 
 
+def render_plans(results: Results) -> list[str]:
+    """``bench/plan_cases.py``: the cost model's prediction for fixed plans and the planner's choice, per case."""
+    rows, notes = [], []
+    for _, d in results:
+        for c in d.get("cases", []):
+            plans = c.get("plans", [])
+            for p in plans:
+                over = p.get("overhead")
+                rows.append([f"{c.get('task_s', '?'):g} s", p.get("name", "?"),
+                             f"{_num(p.get('makespan_s'), ',.1f')} s",
+                             f"{100 * over:.2f} %" if isinstance(over, (int, float)) else "–",
+                             _num(p.get("busiest_rho"), ".2f"), "yes" if p.get("feasible") else "no"])
+            first, last = (plans[0].get("makespan_s"), plans[-1].get("makespan_s")) if plans else (None, None)
+            if isinstance(first, (int, float)) and isinstance(last, (int, float)) and last > 0:
+                notes.append(f"{c.get('task_s', '?'):g} s tasks: the centralized plan's makespan is "
+                             f"{first / last:.1f}× the chosen plan's")
+    c0 = next((c for _, d in results for c in d.get("cases", [])), {})
+    return table(["tasks", "plan", "predicted makespan", "predicted overhead", "busiest server's ρ",
+                  "feasible (every server's ρ ≤ 0.7)"], rows) + [
+        "", f"{c0.get('procs', 0):,} processes, {c0.get('tasks_per_proc', '?')} tasks each, a server's "
+            f"{_num(1e3 * c0.get('service_time_s', math.nan), '.2g')} ms per message, "
+            f"{_num(1e6 * c0.get('msg_time_s', math.nan), '.3g')} µs per message one way, nlevel's default "
+            f"one-sided costs. " + "; ".join(notes) + ("." if notes else "")]
+
+
+def render_dock_sim(results: Results) -> list[str]:
+    """``bench/dock_sim.py``: the paper's DOCK comparison (its Table 2) beside the simulated one, per service time."""
+    out: list[str] = []
+    for _, d in results:
+        procs = d.get("procs") or [0, 0]
+        small, large = f"{procs[0]:,}", f"{procs[-1]:,}"
+        rows = [["**paper (DOCK, measured)**", "**+4.9 %**", "**+34.3 %**", "**+34.3 %**", "**12.37** (DOCK's own)",
+                 "**15.84**", "3 levels, 128 region-masters"]]
+        for c in d.get("comparison", []):
+            plan = c.get("auto_plan_large") or {}
+            regions = plan.get("regions") or []
+            rms = f" (regions {', '.join(map(str, regions))})" if regions else ""
+            paper = c.get("gain_large_paper_plan")
+            rows.append([f"{_num(1e3 * c.get('service_time', math.nan), '.3g')} ms"
+                         + ("" if c.get("service_forced") else " (`--service-time`)"),
+                         f"{100 * c['gain_small']:+.1f} %", f"{100 * c['gain_large']:+.1f} %",
+                         f"{100 * paper:+.1f} %" if isinstance(paper, (int, float)) else "–",
+                         _num(c.get("speedup_classic"), ".2f"), _num(c.get("speedup_auto"), ".2f"),
+                         f"{plan.get('levels', '?')} levels{rms}"])
+        out += table(["service per message", f"auto faster than classic at {small}", f"at {large}",
+                      f"paper's plan faster than classic at {large}", f"speed-up {small} → {large}, classic", "auto",
+                      f"auto's plan at {large}"], rows)
+        base = next((r for r in d.get("runs", []) if not r.get("service_forced")), {})
+        out += ["", f"Every run: {_num(1e3 * base.get('msg_time', math.nan), '.3g')} ms per message one way; "
+                    f"{d.get('tasks', 0):,} tasks drawn from `{d.get('scaled_times', '?')}` (seed {d.get('seed', '?')})."]
+    return out
+
+
+def _paper_table(key: str) -> Callable[[Results], list[str]]:
+    def render(results: Results) -> list[str]:
+        """``bench/paper_tables.py``: one of the paper's tables beside nlevel's simulation, as the script wrote it."""
+        return [line for _, d in results for line in str((d.get("markdown") or {}).get(key, "–")).splitlines()]
+
+    return render
+
+
+def _paper_cells(prefix: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The provenance of one of ``bench/paper_tables.py``'s tables: its own cells' commands and commits."""
+    def scope(d: dict[str, Any]) -> dict[str, Any]:
+        cells = {k: v for k, v in (d.get("cells") or {}).items() if k.startswith(prefix)}
+        first = next(iter(cells.values()), {})
+        return {"provenance": first.get("provenance") or d.get("provenance"), "cells": cells}
+
+    return scope
+
+
 RENDERERS: dict[str, Callable[[Results], list[str]]] = {
     "soak_summary": render_soak_summary,
     "suite": render_suite,
@@ -331,6 +659,16 @@ RENDERERS: dict[str, Callable[[Results], list[str]]] = {
     "sim": render_sim,
     "cells": render_cells,
     "model_real": render_model_real,
+    "plans": render_plans,
+    "dock_sim": render_dock_sim,
+    "paper_table1": _paper_table("table1"),
+    "paper_table3": _paper_table("table3"),
+    "paper_table4": _paper_table("table4"),
+}
+
+#: Renderers whose table comes from part of its file: the provenance under it is that part's.
+SCOPES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "paper_table1": _paper_cells("t1 "), "paper_table3": _paper_cells("t3 "), "paper_table4": _paper_cells("t4 "),
 }
 
 _BLOCK = re.compile(r"(<!-- render: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end render -->)", re.S)
@@ -363,7 +701,8 @@ def render_block(spec: str, root: str = ROOT) -> str:
     lines = RENDERERS[name](list(zip(paths, data)))
     while lines and not lines[-1]:
         lines.pop()
-    return "\n".join(lines + ["", source_line(paths, data)]) + "\n"
+    scope = SCOPES.get(name)
+    return "\n".join(lines + ["", source_line(paths, [scope(d) for d in data] if scope else data, root)]) + "\n"
 
 
 def render_text(text: str, root: str = ROOT) -> str:
@@ -375,9 +714,10 @@ def render_text(text: str, root: str = ROOT) -> str:
 
 
 def markdown_files(root: str = ROOT) -> list[str]:
-    """README.md and every .md under docs/, relative to ``root``."""
-    out = ["README.md"] if os.path.exists(os.path.join(root, "README.md")) else []
-    out += sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "docs", "**", "*.md"), recursive=True))
+    """README.md, CHANGELOG.md, every .md under docs/ and each app's README, relative to ``root``."""
+    out = [f for f in ("README.md", "CHANGELOG.md") if os.path.exists(os.path.join(root, f))]
+    for pattern in (("docs", "**", "*.md"), ("apps", "**", "README.md")):
+        out += sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, *pattern), recursive=True))
     return out
 
 
@@ -450,7 +790,7 @@ def stale(root: str = ROOT) -> list[str]:
     for rel in markdown_files(root):
         with open(os.path.join(root, rel)) as f:
             text = f.read()
-        if _BLOCK.search(text) and render_text(text, root) != text:
+        if _BLOCK.search(text) and _LATER.sub("", render_text(text, root)) != _LATER.sub("", text):
             out.append(rel)
     return out
 
@@ -459,11 +799,17 @@ def main(argv: list[str] | None = None) -> int:
     """Rewrite the generated parts (or, with ``--check``, report what is stale and what links are broken)."""
     p = argparse.ArgumentParser(prog="python docs/render.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is stale or a link is broken")
+    p.add_argument("--check", action="store_true",
+                   help="change nothing; exit 1 if anything is stale, a link is broken, or a saved result was measured "
+                        "at a commit that is not an ancestor of HEAD or records a command that no longer parses")
+    p.add_argument("--parse-commands", metavar="ROOT", help=argparse.SUPPRESS)  # (the child of parse_commands)
     args = p.parse_args(argv)
+    if args.parse_commands:
+        return _parse_commands_here(args.parse_commands)
     try:
         if args.check:
-            problems = [f"{rel}: stale (run python docs/render.py)" for rel in stale()] + broken_links()
+            problems = ([f"{rel}: stale (run python docs/render.py)" for rel in stale()] + broken_links()
+                        + result_problems())
             for line in problems:
                 print(line)
             return 1 if problems else 0

@@ -19,8 +19,9 @@ from ..conftest import BIN, run_bounded
 APP = "tests.apps.logging_app"
 
 
-def nlevel_run(n, args, cwd, env, timeout=120):
-    cmd = [os.path.join(BIN, "nlevel-mpiexec"), "-n", str(n), sys.executable, "-m", "nlevel.run", *args]
+def nlevel_run(n, args, cwd, env, timeout=120, ft=False):
+    cmd = [os.path.join(BIN, "nlevel-mpiexec"), *(["--with-ft", "ulfm"] if ft else []), "-n", str(n), sys.executable,
+           "-m", "nlevel.run", *args]
     try:
         return run_bounded(cmd, timeout, cwd=cwd, env=env)
     except subprocess.TimeoutExpired as exc:
@@ -98,12 +99,14 @@ def test_seven_processes_three_levels_run_every_task_once(tmp_path, mpi_env):
 
 
 @pytest.mark.timeout(240)
-def test_sigkill_of_the_whole_job_then_the_same_command_resumes(tmp_path, mpi_env):
+@pytest.mark.parametrize("ft", [False, True], ids=["mpiexec", "ulfm"])  # (the README's fault table: "the same")
+def test_sigkill_of_the_whole_job_then_the_same_command_resumes(tmp_path, mpi_env, ft):
     logs1, logs2 = tmp_path / "logs1", tmp_path / "logs2"
     logs1.mkdir()
     logs2.mkdir()
     args = [APP, "--n", "800", "--sleep-ms", "8", "--checkpoint", "run.h5", "--checkpoint-interval", "0.1", "--quiet"]
-    cmd = [os.path.join(BIN, "nlevel-mpiexec"), "-n", "4", sys.executable, "-m", "nlevel.run", *args]
+    cmd = [os.path.join(BIN, "nlevel-mpiexec"), *(["--with-ft", "ulfm"] if ft else []), "-n", "4", sys.executable,
+           "-m", "nlevel.run", *args]
     job = subprocess.Popen(
         cmd, cwd=tmp_path, env={**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs1)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
@@ -125,7 +128,7 @@ def test_sigkill_of_the_whole_job_then_the_same_command_resumes(tmp_path, mpi_en
     at_kill = completed_ids(ckpt_path)  # must be readable: the guarantee under test
     assert 200 <= len(at_kill) < 800, f"kill did not land mid-run ({len(at_kill)} committed)"
 
-    proc = nlevel_run(4, args, tmp_path, {**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs2)})
+    proc = nlevel_run(4, args, tmp_path, {**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs2)}, ft=ft)
     assert proc.returncode == 0, proc.stderr
     second = executions(logs2)
     assert not set(second) & at_kill, "a task recorded as complete ran again"
@@ -241,13 +244,15 @@ def test_auto_plan_switches_mid_run_on_seven_processes(tmp_path, mpi_env):
 
 
 @pytest.mark.timeout(240)
-def test_sigusr1_stops_with_status_75_then_the_same_command_resumes(tmp_path, mpi_env):
+@pytest.mark.parametrize("ft", [False, True], ids=["mpiexec", "ulfm"])  # (the README's fault table: "the same")
+def test_sigusr1_stops_with_status_75_then_the_same_command_resumes(tmp_path, mpi_env, ft):
     """A batch system's warning (SIGUSR1 to the launcher): checkpoint, stop, exit 75; resume later."""
     logs1, logs2 = tmp_path / "logs1", tmp_path / "logs2"
     logs1.mkdir()
     logs2.mkdir()
     args = [APP, "--levels", "3", "--n", "1200", "--sleep-ms", "10", "--checkpoint", "run.h5", "--report", "r.json", "--quiet"]
-    cmd = [os.path.join(BIN, "nlevel-mpiexec"), "-n", "5", sys.executable, "-m", "nlevel.run", *args]
+    cmd = [os.path.join(BIN, "nlevel-mpiexec"), *(["--with-ft", "ulfm"] if ft else []), "-n", "5", sys.executable,
+           "-m", "nlevel.run", *args]
     job = subprocess.Popen(cmd, cwd=tmp_path, env={**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs1)},
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -271,7 +276,7 @@ def test_sigusr1_stops_with_status_75_then_the_same_command_resumes(tmp_path, mp
     first = executions(logs1)
     assert len(first) == len(set(first)) and set(first) == stopped  # every task that ran was committed
 
-    proc = nlevel_run(5, args, tmp_path, {**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs2)})
+    proc = nlevel_run(5, args, tmp_path, {**mpi_env, "NLEVEL_TEST_LOG_DIR": str(logs2)}, ft=ft)
     assert proc.returncode == 0, proc.stderr
     second = executions(logs2)
     assert not set(second) & stopped and len(second) == len(set(second))

@@ -46,6 +46,7 @@ def explain(res) -> str:
 @pytest.mark.parametrize("role, sig", [
     ("slave", "KILL"),
     ("region-master", "KILL"),
+    ("master", "KILL"),  # (the README's fault table: "the master dies | as above")
     # A stopped rank is never detected by MPI: only the parent's task lease can kill it.
     pytest.param("slave", "STOP"),
 ])
@@ -94,6 +95,10 @@ MATRIX = [
     pytest.param(9, 3, (2,), Schedule(role="region-master", then_new_leader=0.1), id="new-leader-L3"),
     pytest.param(12, 3, (3,), Schedule(role="any", count=3, spacing=0.1, seed=5), id="any-3-L3"),
     pytest.param(8, 2, (), Schedule(role="master", then_new_leader=0.1), id="new-master-L2"),
+    # The README's fault table, "master and deputy die together": two SIGKILLs back to back (no
+    # spacing), so the deputy dies with the copy of the commits; rank 2 takes over from the file.
+    pytest.param(8, 2, (), Schedule(role="master", count=2), id="master-deputy-together-L2"),
+    pytest.param(10, 3, (2,), Schedule(role="master", count=2), id="master-deputy-together-L3"),
     # Issue 14: master and deputy hung together; the second watcher kills one, then the other.
     pytest.param(7, 2, (), Schedule(role="master", signal="STOP", then_new_leader=0.1), id="master-deputy-stop-L2"),
 ]
@@ -107,6 +112,8 @@ def test_with_ulfm_the_job_survives(tmp_path, mpi_env, size, levels, regions, sc
     schedule = dataclasses.replace(schedule, after_committed=300)
     res = launch(tmp_path, mpi_env, tmp_path / "logs", size, plan, n, schedule, ft="ulfm", timeout=120)
     assert res.kills, f"no kill landed\n{explain(res)}"
+    if schedule.role == "master" and schedule.count == 2:  # (together: the deputy before it could take over)
+        assert [k.rank for k in res.kills] == [0, 1] and res.kills[1].time - res.kills[0].time < 0.05, explain(res)
     assert not res.hung, f"hang after {[(k.rank, k.role) for k in res.kills]}\n{explain(res)}"
     assert res.returncode == 0, explain(res)
     # A new master took the checkpoint's lock over from the dead one and removed it at the end.

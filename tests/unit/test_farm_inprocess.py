@@ -183,6 +183,40 @@ def test_a_new_master_of_a_resumed_job_hands_out_no_id_an_earlier_run_committed(
     assert 0 in out.dead
 
 
+@pytest.mark.parametrize("size,plan", KILL_PLANS)
+@pytest.mark.parametrize("seed", range(3))
+def test_the_master_and_its_deputy_killed_on_the_same_step_leave_a_new_master_that_starts_from_the_file(
+        size, plan, seed):
+    """The README's fault table, "master and deputy die together": the copy of the commits dies with the
+    deputy, so the next rank (2) takes over from the checkpoint file; what the file holds never runs again."""
+    total = 400
+    net = Network(size, plan, total, seed)
+    at_death: dict[str, object] = {}
+    die = net.die
+
+    def die_and_note(rank: int, notify: bool = True) -> None:
+        if not at_death:
+            at_death["file"] = net.disk.committed.ranges() if net.disk is not None else ()
+            at_death["master"] = net.stations[0].ledger.n_committed
+        die(rank, notify)
+
+    net.die = die_and_note  # type: ignore[method-assign]
+    loaded = []
+    for port in net.ports:
+        def load(port=port, load=port.load_checkpoint):
+            loaded.append(port.rank)
+            return load()
+        port.load_checkpoint = load  # type: ignore[method-assign]
+    step = 380 + 20 * seed  # (about a third of the way: the file holds a hundred ids or so, the master more)
+    out = net.run(kills=[(step, 0), (step, 1)])
+    check(out, total)
+    assert out.dead == {0, 1} and out.kills == []
+    assert loaded == [2]  # (the new master read the file; nobody else did)
+    in_file = [i for a, b in at_death["file"] for i in range(a, b)]
+    assert len(in_file) > 40, at_death
+    assert all(out.executed[i] == 1 for i in in_file)  # (started from the file: nothing it held ran again)
+
+
 @pytest.mark.parametrize("plan", [Plan(2), Plan(3, (2,))])
 @pytest.mark.parametrize("seed", range(3))
 def test_the_master_and_its_deputy_hung_together_are_killed_in_turn_not_a_hang(plan, seed):
