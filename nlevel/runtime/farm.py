@@ -510,6 +510,8 @@ class FarmRuntime:
         if error is None and told.error:  # (the master's, told with the release)
             error = CheckpointError(told.error, path=self.checkpoint, errno=told.errno or None)
         if error is not None:
+            from . import checkpoint as ckpt
+
             raise ckpt.write_error(self.checkpoint or "", error) from None  # (new: no chain, no writer's traceback)
 
     def release_deputy(self) -> None:
