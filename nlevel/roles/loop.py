@@ -26,6 +26,7 @@ from .events import (
 )
 from .ledger import Ledger
 from .messages import Gone, Message, Result, TaskFailure
+from .watch import GIVEN_UP
 from .master import Master
 from .station import Station
 
@@ -155,9 +156,12 @@ class Loop:
                     port.retire(e.why, ledger if st.alone else None)
                     self.perform(told)
                 else:
-                    port.log(f"rank {e.rank} {e.why}: given up (without fault tolerance it cannot be killed "
-                             f"alone); the job stops cleanly, the same command resumes")
-                    self.lost((e.rank,), f"given up: {e.why}")
+                    then = ("the others carry on without it" if self.station.ft else
+                            "the job stops cleanly, the same command resumes")
+                    hosts = self.station.hosts
+                    where = f" on {hosts[e.rank]}" if 0 <= e.rank < len(hosts) and hosts[e.rank] else ""
+                    port.log(f"rank {e.rank}{where} {e.why}: {GIVEN_UP}; {then}")
+                    self.lost((e.rank,), f"{GIVEN_UP}: {e.why}")
             elif kind is LoadCheckpoint:
                 ledger, error = port.load_checkpoint()
                 self.handle(CheckpointLoaded(ledger, error))
