@@ -1,8 +1,9 @@
 """``nlevel-mpiexec [-n N] COMMAND...``: mpiexec with the settings a workstation needs, applied for you.
 
-Without ``-n`` (and without a host list) it starts one process per core this machine lets
-it use (affinity, container quota, Slurm allocation): more processes than cores make ranks
-take turns on a core, which shows up as overhead.
+Without ``-n`` (and without a host list or a Slurm allocation, where mpiexec starts one rank
+per slot or task) it starts one process per core this machine lets it use (affinity,
+container quota): more processes than cores make ranks take turns on a core, which shows up
+as overhead.
 
 On a laptop or a small VM, Open MPI needs three things a new user should not have
 to know: permission to run as root (containers), ``--oversubscribe`` when asking for
@@ -162,8 +163,10 @@ def build_command(
     if command[0] in ("python", "python3"):
         command[0] = sys.executable
     cores = cores if cores is not None else usable_cores()
-    if n is None and not any(o in _HOSTS for o in opts):
-        n = cores  # one process per core; on several hosts mpiexec's own default (their slots) is better
+    if n is None and one_node(opts) and not in_allocation():
+        # One process per core. On several hosts, or inside a batch allocation, mpiexec's own
+        # default is better: their slots, the allocation's tasks.
+        n = cores
         opts = ["-n", str(n), *opts]
     root = root if root is not None else (hasattr(os, "geteuid") and os.geteuid() == 0)
     open_mpi = open_mpi if open_mpi is not None else is_open_mpi(mpiexec)
@@ -208,6 +211,11 @@ def _keepalive(opts: Sequence[str]) -> list[str]:
             continue
         out += ["--prtemca", name, value]
     return out
+
+
+def in_allocation() -> bool:
+    """Whether this runs inside a Slurm job step that names its tasks (mpiexec then starts one rank per task)."""
+    return bool(os.environ.get("SLURM_JOB_ID")) and bool(os.environ.get("SLURM_NTASKS"))
 
 
 def one_node(opts: Sequence[str]) -> bool:

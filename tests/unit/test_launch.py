@@ -113,18 +113,27 @@ def test_dry_run_prints_the_effective_command(monkeypatch, capsys, restore_signa
 
 def test_without_n_one_process_per_core(monkeypatch):
     monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PBS_NODEFILE", "LSB_HOSTS", "SLURM_JOB_ID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
     cmd, env = launch.build_command(["python", "-m", "nlevel.run"], cores=3, root=False, open_mpi=True)
     assert cmd == ["/x/mpiexec", "-n", "3", sys.executable, "-m", "nlevel.run"] and env == {}
     cmd, _ = launch.build_command(["-c", "2", "./app"], cores=3, root=False, open_mpi=True)
     assert cmd == ["/x/mpiexec", "-c", "2", "./app"]  # -c is Open MPI's -n: never two counts
     cmd, _ = launch.build_command(["--hostfile", "hosts", "./app"], cores=3, root=False, open_mpi=True)
     assert "-n" not in cmd and cmd[-3:] == ["--hostfile", "hosts", "./app"]  # several hosts: mpiexec counts their slots
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # (a Slurm job of 4 tasks on 2 cores: its tasks, not this node's cores)
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    cmd, _ = launch.build_command(["./app"], cores=2, root=False, open_mpi=True)
+    assert cmd == ["/x/mpiexec", "./app"]
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "3")  # (and of 3 nodes)
+    cmd, _ = launch.build_command(["./app"], cores=3, root=False, open_mpi=True)
+    assert "-n" not in cmd and cmd[-1] == "./app"
 
 
 def test_one_node_leaves_one_sided_operations_to_shared_memory(monkeypatch):
     monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
     monkeypatch.delenv("OMPI_MCA_osc", raising=False)
-    for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PBS_NODEFILE", "LSB_HOSTS"):
+    for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PBS_NODEFILE", "LSB_HOSTS", "SLURM_JOB_ID", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)
     _, env = launch.build_command(["-n", "2", "./app"], cores=4, root=False, open_mpi=True)
     assert env == {"OMPI_MCA_osc": "^ucx"}
