@@ -98,7 +98,11 @@ def words(slots: int) -> int:
 
 
 class Memory(Protocol):
-    """Atomic operations on the int64 words of one board (each atomic per word)."""
+    """Atomic operations on the int64 words of one board (each atomic per word).
+
+    An operation on a board whose owner is gone may raise ``ConnectionError`` (a board reached
+    by messages: no reply will come); a claimer then waits for the news of the death.
+    """
 
     def fetch_add(self, index: int, n: int) -> int:
         """Add ``n`` to word ``index``; return its value before."""

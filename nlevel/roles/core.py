@@ -127,6 +127,8 @@ class StationCore:
         self.deferred: deque[tuple[int, Message]] = deque()
         self.mirror_sent = 0.0
         self.leases_checked = -1e300
+        self.killing: dict[int, tuple[float, str]] = {}  # ranks this one had killed: (since when, why), until dead
+        self.kills_checked = 0.0  # when `killing` was last looked at
         # Completions sent to each parent (fault tolerance): a survivor's answer to a reconciler
         # counts them as held while they may be in flight; a parent that passed them to a rank
         # that died reports them lost (``lost_via``). Tracked from the start: a rank that learns

@@ -20,7 +20,7 @@ __all__ = [
     "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "Overran", "Served", "ReleaseJob", "ReportDone",
     "CheckpointLoaded",
     "CheckpointWritten", "UserError", "Event",
-    "Send", "Kill", "Abandon", "Watch", "WriteCheckpoint", "LoadCheckpoint", "Answer", "Log", "Effect",
+    "Send", "Kill", "Abandon", "GiveUp", "Watch", "WriteCheckpoint", "LoadCheckpoint", "Answer", "Log", "Effect",
 ]
 
 
@@ -212,6 +212,16 @@ class Abandon:
 
 
 @dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Rank ``rank``, which this rank had killed, was still there a lease later: nobody on its host
+    carried the kill out (the node is stopped, cut off or gone). The runtime treats it as dead
+    from now on (tells every rank, repairs around it) although its process may live on."""
+
+    rank: int
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class WriteCheckpoint:
     """Write the master's ledger to the checkpoint; ``final``: synchronously, then answer :class:`CheckpointWritten`."""
 
@@ -246,4 +256,4 @@ class Log:
     text: str
 
 
-Effect = Union[Send, Kill, Abandon, Watch, WriteCheckpoint, LoadCheckpoint, Answer, Log]
+Effect = Union[Send, Kill, Abandon, GiveUp, Watch, WriteCheckpoint, LoadCheckpoint, Answer, Log]

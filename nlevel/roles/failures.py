@@ -22,7 +22,7 @@ from .events import CheckpointLoaded, Effect, LoadCheckpoint, Send
 from .ledger import Ledger
 from .messages import FailureRecord, Gone, Holding, Message, Mirror, Report, Result
 from .recovery import Reconciliation, deputy, expected, reconciler
-from .watch import BEATS
+from .watch import BEATS, GIVEN_UP
 from .master import Master
 from .region import Region
 from .server import LEAF, UPPER, Server
@@ -90,7 +90,8 @@ class Failures(StationCore):
             for x in sorted(new & set(d.children)):
                 child = d.children[x]
                 silent = d.clock() - child.heard
-                why = child.leased or ("drained (left, then ended)" if child.left else how)
+                why = how if how.startswith(GIVEN_UP) else child.leased or ("drained (left, then ended)" if child.left
+                                                                            else how)
                 held = d.drop_child(x)
                 record = replace(_record(x, old, len(held), why, self.rank, wall), silent_ms=round(silent * 1e3, 3))
                 if old[x].children:
@@ -164,6 +165,10 @@ class Failures(StationCore):
             outs += self.receive(src, msg)
         outs += self._finish_recon()
         outs += self.serve()
+        if not self.ft and how.startswith(GIVEN_UP) and isinstance(self.server, Master):
+            # Without fault tolerance a rank given up (it could not be killed: its node stopped or
+            # cut off) may come back and claim: the job stops cleanly, to be resumed without it.
+            outs += self.stop("rank given up")
         # The checkpoint file last: the runtime reads it while the survivors answer the questions
         # sent above (read first, it delayed them: 25-45 ms of a new master's recovery).
         return outs + load

@@ -21,11 +21,12 @@ from typing import Callable, Final, Protocol
 
 from ..ranges import Ranges
 from .events import (
-    Abandon, Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Kill, Leave,
+    Abandon, Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, GiveUp, Kill, Leave,
     LoadCheckpoint, Log, NeedIds, Ran, Received, Send, Served, Stop, Tick, Watch, WriteCheckpoint,
 )
 from .ledger import Ledger
 from .messages import Gone, Message, Result, TaskFailure
+from .watch import GIVEN_UP
 from .master import Master
 from .station import Station
 
@@ -147,6 +148,14 @@ class Loop:
                     self.final_written = True
                     self.checkpoint_error = port.write_checkpoint(ledger, True) or self.checkpoint_error
                 port.retire(e.why, ledger if st.alone else None)
+            elif kind is GiveUp:
+                assert isinstance(e, GiveUp)
+                then = ("the others carry on without it" if self.station.ft else
+                        "the job stops cleanly, the same command resumes")
+                hosts = self.station.hosts
+                where = f" on {hosts[e.rank]}" if 0 <= e.rank < len(hosts) and hosts[e.rank] else ""
+                port.log(f"rank {e.rank}{where} {e.why}: {GIVEN_UP}; {then}")
+                self.lost((e.rank,), f"{GIVEN_UP}: {e.why}")
             elif kind is Watch:
                 assert isinstance(e, Watch)
                 gone = port.gone(list(e.ranks))

@@ -205,7 +205,10 @@ class Region(Server):
             if self._asked_at is None:
                 self._asked_at = now
             t0 = self.clock()
-            claim = self.claimer.claim(mem)
+            try:
+                claim = self.claimer.claim(mem)
+            except ConnectionError:
+                return  # the parent is gone (a board reached by messages): its death is news to come
             if claim.status == "ids":
                 self.queue.add(claim.start, claim.stop)
                 self.requests.add_parts(now - self._asked_at, self.clock() - t0)

@@ -234,6 +234,7 @@ class Station(Replanning, Closing, Watching):
         if self.ft:
             outs += self.mirror_out()
         outs += self.heartbeats() + self.watch_master() + self.watch() + self.tell_safe()
+        outs += self.unkillable()
         outs += self.closing()
         return outs
 
@@ -266,7 +267,11 @@ class Station(Replanning, Closing, Watching):
             if w.parent in self.failed:
                 w.state = State.WAIT  # the failure notice will give it a new parent
                 break
-            claim = w.refill(self.boards(w.parent, LEAF), self.clock())
+            try:
+                claim = w.refill(self.boards(w.parent, LEAF), self.clock())
+            except ConnectionError:  # (a board reached by messages whose owner is gone: its death, or
+                w.state = State.WAIT  # the job's end, is news this rank's loop reads next)
+                break
             # (self.hand, not w.hand: mypy narrowed w.hand to None above, and the compiled
             # simulator would enforce that narrowing although refill() just set it)
             if self.hand is not None or w.state is State.END or claim is None:

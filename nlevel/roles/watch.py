@@ -10,7 +10,12 @@ from task times, so a task of any length never makes its process look hung:
   (:class:`~nlevel.runtime.rank.Runner`), so a rank beats (and answers messages) whatever its
   task does; a process that is stopped, or whose task holds the GIL, does not.
 * **Leases.** A server kills a child it has not heard from (a claim, a report, a beat) for
-  ``--lease``, and a survivor that does not answer a reconciliation within one.
+  ``--lease``, and a survivor that does not answer a reconciliation within one. A rank on another
+  host is killed by a rank on its host (:class:`~nlevel.roles.messages.KillRequest`); when no
+  process there acts within a further lease (the whole node is stopped, or cut off), the rank is
+  *given up* (:class:`~nlevel.roles.events.GiveUp`: treated as dead although its process may live
+  on). Under fault tolerance the others carry on without it; without, the master stops the job
+  cleanly (exit 75, the checkpoint written), to be resumed on the nodes that remain.
 * **Watchers.** The master's first :data:`WATCHERS` survivors after it watch it: the deputy
   through its copy of the ledger (:class:`~nlevel.roles.messages.Mirror`, sent at least every
   beat), the next one through Heartbeats. The deputy kills a master silent for a lease; the
@@ -30,12 +35,12 @@ from __future__ import annotations
 
 from ..model.hierarchy import Hierarchy, Role
 from .core import StationCore
-from .events import Abandon, Effect, Kill, Send, Watch
+from .events import Abandon, Effect, GiveUp, Kill, Send, Watch
 from .master import Master
 from .messages import FailureRecord, Gone, Heartbeat, TimedOut
 from .recovery import deputy
 
-__all__ = ["Watching", "WATCHERS", "BEATS", "WATCH_PERIOD", "beat_period", "watchers"]
+__all__ = ["Watching", "WATCHERS", "BEATS", "WATCH_PERIOD", "GIVEN_UP", "beat_period", "watchers"]
 
 #: How many ranks watch the master (the deputy first; the second judges after two leases).
 WATCHERS = 2
@@ -43,6 +48,9 @@ WATCHERS = 2
 BEATS = 5
 #: Seconds between two looks at whether watched processes still exist (see :meth:`Watching.watch`).
 WATCH_PERIOD = 0.05
+#: How a rank that could not be killed is recorded (the start of its failure's ``how``): without
+#: fault tolerance the master stops the job when it hears of one (see :meth:`Watching.unkillable`).
+GIVEN_UP = "given up"
 
 
 def beat_period(lease: float) -> float:
@@ -134,7 +142,7 @@ class Watching(StationCore):
         if now - self.master_heard <= lease:
             return []
         self.master_heard = now
-        return [Kill(h.master, "was silent for a lease as the master (hung)")]
+        return self._kill(h.master, "was silent for a lease as the master (hung)", now)
 
     def watched(self) -> list[int]:
         """Ranks whose processes this rank checks are still there (its children, and the master it watches)."""
@@ -183,7 +191,46 @@ class Watching(StationCore):
         if recon is not None and recon.expected and now - recon.started > lease:
             late += [(r, "did not answer a reconciliation within a lease") for r in sorted(recon.expected - recon.killed)]
             recon.killed |= recon.expected
-        return [Kill(r, why) for r, why in late]
+        outs: list[Effect] = []
+        for r, why in late:
+            outs += self._kill(r, why, now)
+        return outs
+
+    def _kill(self, rank: int, why: str, now: float) -> list[Effect]:
+        """Kill ``rank``, and remember it: a rank that outlives its kill by a lease is given up."""
+        if rank not in self.killing:
+            if not self.killing:
+                self.kills_checked = now
+            self.killing[rank] = (now, why)
+        return [Kill(rank, why)]
+
+    def unkillable(self) -> list[Effect]:
+        """Ranks this one had killed that are still not dead a lease later: give them up.
+
+        A rank on another host is killed by a rank on its host; when that host's processes are
+        all stopped, or its link is cut, nobody carries the kill out and MPI never reports the
+        rank dead. It is given up (:class:`GiveUp`, handled as a death told to every rank): under
+        fault tolerance the job goes on without it; without, the master stops the job (see
+        :meth:`~nlevel.roles.failures.Failures.fail`). A rank that itself did not run for half a
+        lease (what would prove the kill done may be waiting to be read) waits a lease more.
+        """
+        if not self.killing:
+            return []
+        lease = self.config.lease
+        now = self.clock()
+        starved = now - self.kills_checked > lease / 2
+        self.kills_checked = now
+        outs: list[Effect] = []
+        for r, (since, why) in sorted(self.killing.items()):
+            if r in self.failed:
+                del self.killing[r]
+            elif starved:
+                self.killing[r] = (max(since, now - lease / 2), why)
+            elif now - since > lease:
+                del self.killing[r]
+                outs.append(GiveUp(r, f"{why}, and was still there a lease after it was killed (its host did "
+                                       f"not act: stopped, cut off or gone)"))
+        return outs
 
     def _host(self, rank: int) -> str:
         return self.hosts[rank] if 0 <= rank < len(self.hosts) else ""

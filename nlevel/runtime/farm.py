@@ -34,7 +34,7 @@ from . import control, machine, signals, window
 from .backoff import Backoff
 from .identity import identity
 from .rank import MpiPort, Runner, clock, prepare_takeover
-from .startwatch import mark, start_records
+from .startwatch import mark, mark_end, start_records
 from .report import build_report, failed_lines, failed_tasks, ledger_status, station_facts
 from .transport import MpiError, Transport, agree, kill_self, revoke, setup_recovery, shrink, user_ranks, world
 
@@ -408,9 +408,14 @@ class FarmRuntime:
         if cfg.grants == "two-sided":
             return window.MessageBoards(t, self.rank, slots, cfg.poll_max, lambda: t.failed), \
                 "grants are two-sided (--grants two-sided): every claim is a message to the parent's server"
-        spread = window.cross_node_problem(cfg.ft, (place[0] for place in t.places))  # (alike on every rank)
+        hosts = [place[0] for place in t.places]
+        spread = window.cross_node_problem(cfg.ft, hosts)  # (alike on every rank)
         if not window_failed and not self_test and not spread and boards is not None:
-            return boards, ""
+            slow = window.progress_problem(boards, t.comm, self.rank, hosts[self.rank] != hosts[0]) \
+                if len(set(hosts)) > 1 else ""
+            if not slow:
+                return boards, ""
+            spread = slow
         if boards is not None:
             boards.close(collective=not window_failed)  # (a rank whose allocation failed has no window to free)
         problem = ("" if window_failed else self_test or spread) or "see the message above"
@@ -521,6 +526,9 @@ class FarmRuntime:
         dies); everyone's when, without it, a rank was given up."""
         if self._released_all or self.station.finished_release:
             held = self.station.handle(ReportDone())
+            if held and self.failed:  # (first: a rank released now may end the job at once)
+                places = self.t.places
+                mark_end(self.released_code, {r: places[r][0] if r < len(places) else "" for r in self.failed})
             if held:
                 self.loop.perform(held)
                 self.t.flush(timeout=5.0)
@@ -609,6 +617,10 @@ class FarmRuntime:
             report["user_ranks"] = user_ranks(self.t.comm, self.user_comm)
         facts = station_facts(st, totals, left)
         report["failures"] += facts.pop("lost")
+        places = self.t.places
+        for f in report["failures"]:  # (where it ran: a whole node lost shows as its ranks on one host)
+            if 0 <= f["rank"] < len(places) and "host" not in f:
+                f["host"] = places[f["rank"]][0]
         report.update(facts)
         report["grants"] = self.boards.kind
         report["costs_from"] = self.costs_from  # (where the model's costs came from: calibration, settings)

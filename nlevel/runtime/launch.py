@@ -1,8 +1,9 @@
 """``nlevel-mpiexec [-n N] COMMAND...``: mpiexec with the settings a workstation needs, applied for you.
 
-Without ``-n`` (and without a host list) it starts one process per core this machine lets
-it use (affinity, container quota, Slurm allocation): more processes than cores make ranks
-take turns on a core, which shows up as overhead.
+Without ``-n`` (and without a host list or a Slurm allocation, where mpiexec starts one rank
+per slot or task) it starts one process per core this machine lets it use (affinity,
+container quota): more processes than cores make ranks take turns on a core, which shows up
+as overhead.
 
 On a laptop or a small VM, Open MPI needs three things a new user should not have
 to know: permission to run as root (containers), ``--oversubscribe`` when asking for
@@ -46,7 +47,7 @@ import time
 from typing import Sequence
 
 from .machine import usable_cores
-from .startwatch import FAILURES, RETRIES, START_DIR, Verdict, Watch, markers, said
+from .startwatch import FAILURES, RETRIES, START_DIR, Verdict, Watch, job_end, markers, said
 
 __all__ = ["main", "build_command", "record_exit", "never_released", "remove_stale_sessions", "EXIT_DIR"]
 
@@ -162,8 +163,10 @@ def build_command(
     if command[0] in ("python", "python3"):
         command[0] = sys.executable
     cores = cores if cores is not None else usable_cores()
-    if n is None and not any(o in _HOSTS for o in opts):
-        n = cores  # one process per core; on several hosts mpiexec's own default (their slots) is better
+    if n is None and one_node(opts) and not in_allocation():
+        # One process per core. On several hosts, or inside a batch allocation, mpiexec's own
+        # default is better: their slots, the allocation's tasks.
+        n = cores
         opts = ["-n", str(n), *opts]
     root = root if root is not None else (hasattr(os, "geteuid") and os.geteuid() == 0)
     open_mpi = open_mpi if open_mpi is not None else is_open_mpi(mpiexec)
@@ -182,15 +185,37 @@ def build_command(
                 extra += ["--bind-to", "none"]
         if "--with-ft" in opts and _NON_ZERO not in os.environ:
             env[_NON_ZERO] = "0"  # a process that exits non-zero is a failure to survive, not the job's end
-        if "--with-ft" in opts and not one_node(opts):
+        if not one_node(opts):
             # ssh-launched daemons pass none of this environment on: the ranks on other nodes
             # need the directories' names (they write there when they share its file system).
             extra += ["-x", EXIT_DIR, "-x", START_DIR]
+            extra += _keepalive(opts)
         if one_node(opts) and "OMPI_MCA_osc" not in os.environ:
             # On one node the shared-memory window (osc/sm) serves every one-sided operation;
             # the wheel's UCX component finds no network device and prints an error per rank.
             env["OMPI_MCA_osc"] = "^ucx"
     return [mpiexec, *extra, *opts, *command], env
+
+
+#: PRRTE's out-of-band TCP keepalive on a job across hosts: a daemon whose link is cut is noticed
+#: after ``time + probes x intvl`` seconds of silence (20 s) instead of PRRTE's 300 s + 9 x 20 s.
+#: (A lost link is noticed sooner by nlevel's leases; this ends the runtime's own wait.)
+KEEPALIVE = (("oob_tcp_keepalive_time", "10"), ("oob_tcp_keepalive_intvl", "2"), ("oob_tcp_keepalive_probes", "5"))
+
+
+def _keepalive(opts: Sequence[str]) -> list[str]:
+    """``--prtemca`` options for :data:`KEEPALIVE`, each unless the user set it (option or environment)."""
+    out: list[str] = []
+    for name, value in KEEPALIVE:
+        if name in opts or f"PRTE_MCA_{name}" in os.environ:
+            continue
+        out += ["--prtemca", name, value]
+    return out
+
+
+def in_allocation() -> bool:
+    """Whether this runs inside a Slurm job step that names its tasks (mpiexec then starts one rank per task)."""
+    return bool(os.environ.get("SLURM_JOB_ID")) and bool(os.environ.get("SLURM_NTASKS"))
 
 
 def one_node(opts: Sequence[str]) -> bool:
@@ -290,7 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
         return 0
     remove_stale_sessions()
-    if env.get(_NON_ZERO) != "0":
+    several = not one_node(_split(args)[0])
+    if env.get(_NON_ZERO) != "0" and not several:
         return _run_forwarding_signals(cmd, full_env)[0]
     import tempfile
 
@@ -298,9 +324,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     full_env[EXIT_DIR] = where
     # One node: the start is watched through /proc. Several nodes: the markers are still left
     # (by the ranks that share this node's files), to tell a job that ended from one the runtime
-    # tore down: mpiexec under --with-ft returns 0 after losing a node's daemon too.
-    watching = one_node(_split(args)[0]) and os.path.isdir("/proc")
-    marking = watching or not one_node(_split(args)[0])
+    # tore down (mpiexec returns 0 after losing a node's daemon, with or without --with-ft), and
+    # the master's end record ends a job whose lost ranks mpiexec would wait for.
+    watching = not several and os.path.isdir("/proc")
+    marking = watching or several
     failures: list[dict[str, object]] = []  # (every attempt's, passed on to the next)
     try:
         for attempt in range(1, retries + 2):
@@ -311,14 +338,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 full_env[START_DIR] = start_dir
             if failures:
                 full_env[FAILURES] = json.dumps(failures)
-            code, verdict = _run_forwarding_signals(cmd, full_env, start_dir if watching else None, where)
+            code, verdict = _run_forwarding_signals(cmd, full_env, start_dir if watching else None, where, start_dir)
             if verdict is None:
+                end = job_end(start_dir) if start_dir is not None else None
+                if end is not None:  # (the master's word: mpiexec's status may be its teardown's)
+                    return max(end[0], _worst_recorded(where))
                 if code:
                     return code
                 if start_dir is not None and never_released(start_dir, where):
                     print("nlevel-mpiexec: every process of the job ended before the job did (killed, crashed, "
                           "exited on its own, or ended by the runtime after it lost a node: the output above says "
-                          "how), and mpiexec under --with-ft returns 0 whatever they did: exit status 1",
+                          "how), and mpiexec returned 0 all the same: exit status 1",
                           file=sys.stderr, flush=True)
                     return 1
                 return _worst_recorded(where)
@@ -391,14 +421,14 @@ def _ranks_of(parent: int, known: dict[int, int | None]) -> tuple[dict[int, int]
     return alive, stopped
 
 
-def _stop(proc: subprocess.Popen[bytes], pids: Sequence[int]) -> None:
-    """End a job stuck in its start: its ranks first (SIGKILL), then mpiexec (TERM, then KILL)."""
+def _stop(proc: subprocess.Popen[bytes], pids: Sequence[int], patience: float = 5.0) -> None:
+    """End a stuck job: its ranks here first (SIGKILL), then mpiexec (``patience`` seconds to end, TERM, then KILL)."""
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    for sig, wait in ((None, 5.0), (signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
+    for sig, wait in ((None, patience), (signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
         if sig is not None:
             try:
                 proc.send_signal(sig)
@@ -411,14 +441,22 @@ def _stop(proc: subprocess.Popen[bytes], pids: Sequence[int]) -> None:
             continue
 
 
+#: Seconds ``mpiexec`` may go on after the master recorded the job's end with ranks lost
+#: (:func:`.startwatch.mark_end`): its other processes end within a moment of it.
+END_GRACE = 10.0
+
+
 def _run_forwarding_signals(cmd: list[str], env: dict[str, str], start_dir: str | None = None,
-                            exit_dir: str | None = None) -> tuple[int, Verdict | None]:
+                            exit_dir: str | None = None, end_dir: str | None = None) -> tuple[int, Verdict | None]:
     """Run ``cmd``, passing SIGUSR1/SIGUSR2/SIGTERM/SIGINT on to it (mpiexec forwards them to the ranks).
 
     A batch script's ``kill -USR1 $launcher`` must reach the job, not kill this wrapper.
     With ``start_dir``, watch the start (:class:`.startwatch.Watch`) every 0.05 s until the
     farm is set up, and the end once a rank is released: a rank of nlevel's stopped then is
-    killed; a verdict stops the job. Returns (exit status, the verdict or None).
+    killed; a verdict stops the job. With ``end_dir``, look for the master's end record
+    (:func:`.startwatch.job_end`) every 0.5 s: once it names lost ranks, ``mpiexec`` has
+    :data:`END_GRACE` seconds to end, and is then stopped (a rank given up because its node
+    was stopped or cut off may never end). Returns (exit status, the verdict or None).
     """
     proc = subprocess.Popen(cmd, env=env)
 
@@ -435,13 +473,28 @@ def _run_forwarding_signals(cmd: list[str], env: dict[str, str], start_dir: str 
     _early.clear()
     watch = Watch() if start_dir is not None else None
     known: dict[int, int | None] = {}
+    ended_at: float | None = None  # when the master's end record naming lost ranks was first seen
     while True:
         # (the start: every 0.05 s; the run: its marker directory only, every second; the end: every 0.25 s)
-        period = None if watch is None else 0.05 if not watch.over else 1.0 if watch.running and not watch.done else 0.25
+        period = (None if end_dir is None else 0.5) if watch is None else \
+            0.05 if not watch.over else 1.0 if watch.running and not watch.done else 0.25
         try:
             code = proc.wait(timeout=period)
         except subprocess.TimeoutExpired:
-            assert watch is not None and start_dir is not None
+            end = job_end(end_dir) if end_dir is not None else None
+            if end is not None and end[1]:
+                now = time.monotonic()
+                ended_at = ended_at if ended_at is not None else now
+                if now - ended_at >= END_GRACE:
+                    lost = ", ".join(f"rank {r}" + (f" on {h}" if h else "") for r, h in sorted(end[1].items()))
+                    print(f"nlevel-mpiexec: the job ended (status {end[0]}; lost: {lost}) and mpiexec was still "
+                          f"waiting {END_GRACE:g} s later, for processes that may never end (a node stopped or cut "
+                          f"off): stopped it", file=sys.stderr, flush=True)
+                    _stop(proc, sorted(_ranks_of(proc.pid, known)[0].values()), patience=0.0)
+                    return max(end[0], _worst_recorded(exit_dir) if exit_dir else 0), None
+            if watch is None:
+                continue
+            assert start_dir is not None
             started, up, running, done = markers(start_dir)
             if watch.running and not done:
                 continue

@@ -339,7 +339,8 @@ def format_summary(report: dict[str, Any]) -> str:
             )
     if report.get("failures"):
         lines.append(f"  survived {len(report['failures'])} process failure(s): " + ", ".join(
-            f"rank {f['rank']} ({f['role']}, {f['requeued']} requeued, recovered in {f['recovery_ms']} ms"
+            f"rank {f['rank']}" + (f" on {f['host']}" if f.get("host") else "")
+            + f" ({f['role']}, {f['requeued']} requeued, recovered in {f['recovery_ms']} ms"
             + (f" after waiting {f['waited_ms']} ms for another death to be found" if f.get("waited_ms") else "") + ")"
             for f in report["failures"][:5]) + (" ..." if len(report["failures"]) > 5 else ""))
     failed = report.get("failed_tasks") or []

@@ -31,7 +31,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["START_DIR", "FAILURES", "RETRIES", "mark", "markers", "Verdict", "Watch", "earlier_failures", "start_records", "said"]
+__all__ = ["START_DIR", "FAILURES", "RETRIES", "END", "mark", "markers", "mark_end", "job_end", "Verdict", "Watch",
+           "earlier_failures", "start_records", "said"]
 
 #: The directory where ranks leave their ``start-R`` / ``up-R`` files (set by ``nlevel-mpiexec``).
 START_DIR = "NLEVEL_START_DIR"
@@ -39,6 +40,8 @@ START_DIR = "NLEVEL_START_DIR"
 FAILURES = "NLEVEL_START_FAILURES"
 #: How many times the launcher may start a job again [default 2].
 RETRIES = "NLEVEL_START_RETRIES"
+#: The master's record of a job that ended with ranks lost, in ``$NLEVEL_START_DIR`` (:func:`mark_end`).
+END = "end.json"
 
 _marked: set[str] = set()
 
@@ -95,6 +98,36 @@ def markers(where: str) -> tuple[set[int], set[int], set[int], set[int]]:
         if rank.isdigit() and stage in found:
             found[stage].add(int(rank))
     return found["start"], found["up"], found["run"], found["done"]
+
+
+def mark_end(code: int, lost: Mapping[int, str]) -> None:
+    """The master, its last work done (report written, every release sent), after ranks were lost:
+    leave the job's status and the lost ranks (rank -> host) in ``<$NLEVEL_START_DIR>/end.json``.
+
+    A rank given up because it could not be killed (its whole node stopped, or cut off) may
+    live on, and ``mpiexec`` waits for it for ever: from this record ``nlevel-mpiexec`` knows
+    the job is over, and with which status. Written whole (a temporary file, then renamed).
+    """
+    where = os.environ.get(START_DIR)
+    if not where:
+        return
+    path = os.path.join(where, END)
+    try:
+        with open(path + ".new", "w") as f:
+            json.dump({"code": int(code), "lost": {str(r): h for r, h in sorted(lost.items())}}, f)
+        os.replace(path + ".new", path)
+    except OSError:
+        pass  # (the launcher has gone, or this node does not share its files: nothing to tell)
+
+
+def job_end(where: str) -> tuple[int, dict[int, str]] | None:
+    """The job's status and lost ranks (rank -> host) from the master's :func:`mark_end` in ``where``, or None."""
+    try:
+        with open(os.path.join(where, END)) as f:
+            data = json.load(f)
+        return int(data["code"]), {int(r): str(h) for r, h in data["lost"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def said(how: str) -> str:

@@ -9,7 +9,8 @@ on one node (``osc/sm``) atomics on it go on working, the dead owner's memory in
 reported like any failure.
 
 Without usable one-sided operations (``--grants two-sided``, a window that cannot be
-allocated, or a self-test that fails at set-up) each board lives in its owner's memory
+allocated, a self-test that fails at set-up, or atomics across nodes that wait for their
+target's CPU, see :func:`progress_problem`) each board lives in its owner's memory
 and a claimer's operations travel to the owner as messages
 (:class:`~nlevel.roles.messages.BoardOp`), answered by the owner's loop.
 """
@@ -26,8 +27,8 @@ from ..roles.board import EMPTY, HEADER, LocalMemory, words
 from ..roles.messages import BoardOp, BoardReply, Tag, decode
 from .backoff import Backoff
 
-__all__ = ["WindowBoards", "LocalBoards", "MessageBoards", "allocate", "self_test_problem", "cross_node_problem", "SELF_TEST",
-           "WORD"]
+__all__ = ["WindowBoards", "LocalBoards", "MessageBoards", "allocate", "self_test_problem", "cross_node_problem",
+           "progress_problem", "SELF_TEST", "WORD", "PROBE"]
 
 #: The reserved word of each board that the set-up self-test counts on.
 SELF_TEST = 2
@@ -205,6 +206,42 @@ def cross_node_problem(ft: bool, hosts: Iterable[str]) -> str:
             f"where an atomic on a rank that has died or exited blocks for ever (Open MPI's osc/rdma)")
 
 
+#: Seconds rank 0 stays out of MPI while the ranks on other hosts time an atomic on its window
+#: (:func:`progress_problem`); they start a quarter of it in, and more than a quarter is a wait.
+PROBE = 0.04
+
+
+def progress_problem(boards: WindowBoards, comm: Any, rank: int, remote: bool) -> str:
+    """Whether an atomic across hosts completes while its target runs no MPI call ("" when it does).
+
+    Collective over ``comm`` (a barrier and an allreduce); ``remote``: this rank runs on another
+    host than rank 0. Where the network has no atomics of its own (Open MPI's osc/rdma over TCP:
+    the target's progress engine serves every operation) a claim waits for its parent's next MPI
+    call: on the emulated cluster one-sided grants ran 4 times slower than messages, and a rank
+    waiting for a parent busy in its own claims went silent for a lease and was killed. Rank 0
+    sleeps :data:`PROBE` seconds; the remote ranks time one fetch-and-add on its self-test word.
+    """
+    comm.Barrier()
+    took = 0.0
+    if rank == 0:
+        time.sleep(PROBE)
+    elif remote:
+        time.sleep(PROBE / 4)
+        start = time.perf_counter()
+        try:
+            boards(0, 0).fetch_add(SELF_TEST, 1)
+            took = time.perf_counter() - start
+        except Exception:  # noqa: BLE001 (an MPI error of any kind: no one-sided grants)
+            took = float("inf")
+    worst = float(comm.allreduce(took, op=MPI.MAX))
+    if worst <= PROBE / 4:
+        return ""
+    waited = "failed" if worst == float("inf") else f"took {worst * 1e3:.0f} ms"
+    return (f"an atomic on another node's window {waited} while its owner ran no MPI call: this network serves "
+            f"one-sided operations only when the target calls MPI (Open MPI's osc/rdma over TCP), so every claim "
+            f"would wait for its parent's next MPI call")
+
+
 class LocalBoards:
     """This rank's own boards in local memory (the owner's side of the two-sided fallback)."""
 
@@ -259,6 +296,9 @@ class MessageBoards:
         slots: Ring sizes.
         poll_max: Backoff ceiling while waiting for a reply (s).
         dead: Returns the ranks known dead (a reply from one never comes).
+
+    An operation on the board of a rank that is gone raises ``ConnectionError`` (the roles wait
+    for the news of its death, or for the job's end, instead).
     """
 
     kind = "two-sided"
@@ -289,7 +329,11 @@ class MessageBoards:
         status = MPI.Status()
         backoff = Backoff(self.poll_max)
         while True:
-            m = comm.improbe(owner, int(Tag.BOARD_REPLY), status)
+            try:
+                m = comm.improbe(owner, int(Tag.BOARD_REPLY), status)
+            except MPI.Exception as exc:  # (under ULFM: the owner died, or ended the job and exited)
+                raise ConnectionError(f"rank {owner} is gone (a board operation got {exc.Get_error_string()})") \
+                    from None
             if m is not None:
                 reply = decode(int(Tag.BOARD_REPLY), m.recv())
                 assert isinstance(reply, BoardReply)

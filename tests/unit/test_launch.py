@@ -3,10 +3,13 @@
 import os
 import signal
 import sys
+import time
 
 import pytest
 
 from nlevel.runtime import launch
+
+from ..conftest import ROOT
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +50,28 @@ def test_options_with_two_values_are_kept_whole(monkeypatch):
     args = ["--host", "a:2,b:2", "--prtemca", "plm_ssh_agent", "/x/agent", "--pmixmca", "ptl_base_verbose", "0",
             "python", "app.py"]
     cmd, _ = launch.build_command(args, cores=8, root=False, open_mpi=True)
-    assert cmd == ["/x/mpiexec", *args[:-2], sys.executable, "app.py"]
+    assert cmd[-len(args):] == [*args[:-2], sys.executable, "app.py"]
+
+
+def test_a_job_across_hosts_gets_the_markers_and_a_keepalive_that_notices_a_cut_link(monkeypatch):
+    """Several hosts, with or without ULFM: the ranks there are told the marker directories (ssh passes
+    no environment on), and PRRTE's out-of-band keepalive notices a cut link in 20 s, not 8 minutes."""
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    monkeypatch.delenv("PRTE_MCA_oob_tcp_keepalive_time", raising=False)
+    cmd, _ = launch.build_command(["--host", "a:2,b:2", "./app"], cores=8, root=False, open_mpi=True)
+    extra = cmd[1:cmd.index("--host")]
+    assert extra[:4] == ["-x", launch.EXIT_DIR, "-x", launch.START_DIR]
+    assert extra[4:] == ["--prtemca", "oob_tcp_keepalive_time", "10", "--prtemca", "oob_tcp_keepalive_intvl", "2",
+                         "--prtemca", "oob_tcp_keepalive_probes", "5"]
+    # The user's own setting stands (an option, or the environment).
+    cmd, _ = launch.build_command(["--host", "a,b", "--prtemca", "oob_tcp_keepalive_time", "60", "./app"], cores=8,
+                                  root=False, open_mpi=True)
+    assert cmd.count("oob_tcp_keepalive_time") == 1 and "oob_tcp_keepalive_probes" in cmd
+    monkeypatch.setenv("PRTE_MCA_oob_tcp_keepalive_time", "60")
+    cmd, _ = launch.build_command(["--host", "a,b", "./app"], cores=8, root=False, open_mpi=True)
+    assert "oob_tcp_keepalive_time" not in cmd
+    cmd, _ = launch.build_command(["-n", "2", "./app"], cores=8, root=False, open_mpi=True)  # (one node: nothing)
+    assert cmd == ["/x/mpiexec", "-n", "2", "./app"]
 
 
 @pytest.fixture
@@ -89,18 +113,27 @@ def test_dry_run_prints_the_effective_command(monkeypatch, capsys, restore_signa
 
 def test_without_n_one_process_per_core(monkeypatch):
     monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PBS_NODEFILE", "LSB_HOSTS", "SLURM_JOB_ID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
     cmd, env = launch.build_command(["python", "-m", "nlevel.run"], cores=3, root=False, open_mpi=True)
     assert cmd == ["/x/mpiexec", "-n", "3", sys.executable, "-m", "nlevel.run"] and env == {}
     cmd, _ = launch.build_command(["-c", "2", "./app"], cores=3, root=False, open_mpi=True)
     assert cmd == ["/x/mpiexec", "-c", "2", "./app"]  # -c is Open MPI's -n: never two counts
     cmd, _ = launch.build_command(["--hostfile", "hosts", "./app"], cores=3, root=False, open_mpi=True)
-    assert cmd == ["/x/mpiexec", "--hostfile", "hosts", "./app"]  # several hosts: mpiexec counts their slots
+    assert "-n" not in cmd and cmd[-3:] == ["--hostfile", "hosts", "./app"]  # several hosts: mpiexec counts their slots
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # (a Slurm job of 4 tasks on 2 cores: its tasks, not this node's cores)
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    cmd, _ = launch.build_command(["./app"], cores=2, root=False, open_mpi=True)
+    assert cmd == ["/x/mpiexec", "./app"]
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "3")  # (and of 3 nodes)
+    cmd, _ = launch.build_command(["./app"], cores=3, root=False, open_mpi=True)
+    assert "-n" not in cmd and cmd[-1] == "./app"
 
 
 def test_one_node_leaves_one_sided_operations_to_shared_memory(monkeypatch):
     monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
     monkeypatch.delenv("OMPI_MCA_osc", raising=False)
-    for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PBS_NODEFILE", "LSB_HOSTS"):
+    for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PBS_NODEFILE", "LSB_HOSTS", "SLURM_JOB_ID", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)
     _, env = launch.build_command(["-n", "2", "./app"], cores=4, root=False, open_mpi=True)
     assert env == {"OMPI_MCA_osc": "^ucx"}
@@ -156,7 +189,7 @@ def test_on_several_nodes_a_job_the_runtime_tore_down_is_not_a_success(monkeypat
     one, _ = launch.build_command(["--with-ft", "ulfm", "-n", "2", "./app"], cores=4, root=False, open_mpi=True)
     assert "-x" not in one
 
-    def torn_down(cmd, env, start_dir=None, exit_dir=None):
+    def torn_down(cmd, env, start_dir=None, exit_dir=None, end_dir=None):
         """mpiexec after a lost daemon: its ranks were up, none was released, none left a status; it returns 0."""
         assert start_dir is None  # (several nodes: the start is not watched)
         open(os.path.join(env["NLEVEL_START_DIR"], "up-0"), "w").close()
@@ -165,11 +198,35 @@ def test_on_several_nodes_a_job_the_runtime_tore_down_is_not_a_success(monkeypat
     monkeypatch.setattr(launch, "is_open_mpi", lambda mpiexec: True)
     monkeypatch.setattr(launch, "_run_forwarding_signals", torn_down)
     assert launch.main(["--with-ft", "ulfm", "--host", "a:2,b:2", "./app"]) == 1
+    assert launch.main(["--host", "a:2,b:2", "./app"]) == 1  # (without ULFM mpiexec returned 0 all the same)
 
-    def ended(cmd, env, start_dir=None, exit_dir=None):
+    def ended(cmd, env, start_dir=None, exit_dir=None, end_dir=None):
         open(os.path.join(env["NLEVEL_START_DIR"], "up-0"), "w").close()
         open(os.path.join(env["NLEVEL_START_DIR"], "done-0"), "w").close()
         return 0, None
 
     monkeypatch.setattr(launch, "_run_forwarding_signals", ended)
     assert launch.main(["--with-ft", "ulfm", "--host", "a:2,b:2", "./app"]) == 0
+
+
+def test_after_the_masters_end_record_a_launcher_waiting_for_lost_ranks_is_stopped(monkeypatch, tmp_path,
+                                                                                   restore_signals):
+    """A node stopped or cut off: its ranks were given up, the job ended, and mpiexec waits for them
+    for ever. From the master's end record nlevel-mpiexec stops it, END_GRACE later, with the job's status."""
+    from nlevel.runtime import startwatch
+
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\n"
+                    "touch \"$NLEVEL_START_DIR/up-0\" \"$NLEVEL_START_DIR/done-0\"\n"
+                    f"{sys.executable} -c 'from nlevel.runtime import startwatch; "
+                    "startwatch.mark_end(75, {4: \"node3\", 5: \"node3\"})'\n"
+                    "exec sleep 120\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: str(fake))
+    monkeypatch.setattr(launch, "is_open_mpi", lambda mpiexec: True)
+    monkeypatch.setattr(launch, "END_GRACE", 0.5)
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    started = time.monotonic()
+    assert launch.main(["--host", "a:2,b:2", "./app"]) == 75
+    assert time.monotonic() - started < 30
+    assert startwatch.job_end(str(tmp_path)) is None  # (no record here: None, not an error)

@@ -154,3 +154,55 @@ def test_a_parent_that_itself_did_not_run_for_a_while_gives_its_children_a_lease
         assert not [e for e in master.handle(Tick()) if isinstance(e, Kill)]
     now[0] = 35.6  # (ranks 1-3 silent for 5.6 s now, the master running all along)
     assert sorted(e.rank for e in master.handle(Tick()) if isinstance(e, Kill)) == [1, 2, 3]
+
+
+def test_a_rank_that_outlives_its_kill_by_a_lease_is_given_up():
+    """A frozen or cut-off node: its ranks stop beating, and the kill asked of a rank on their host is
+    never carried out (every process there is stopped). A lease after the kill they are given up."""
+    from nlevel.roles.events import GiveUp
+
+    (master, *_), now = stations()
+    kills, given_up = {}, {}
+    for t in range(1, 80):
+        now[0] = t * 0.25
+        for e in master.handle(Tick()):
+            if isinstance(e, Kill):
+                kills.setdefault(e.rank, now[0])
+            elif isinstance(e, GiveUp):
+                given_up.setdefault(e.rank, (now[0], e.why))
+        master.handle(Received(1, Heartbeat(0)))  # (rank 1 beats; 2 and 3 are stopped)
+    assert sorted(kills) == [2, 3] and sorted(given_up) == [2, 3]
+    for r in (2, 3):
+        at, why = given_up[r]
+        assert 5.0 < at - kills[r] <= 5.0 + 0.5, (r, at, kills[r])
+        assert "silent for a lease" in why and "still there a lease after it was killed" in why
+
+
+def test_a_rank_killed_in_time_is_never_given_up():
+    from nlevel.roles.events import Died, GiveUp
+
+    (master, *_), now = stations()
+    seen = []
+    for t in range(1, 80):
+        now[0] = t * 0.25
+        effects = master.handle(Tick())
+        seen += [e for e in effects if isinstance(e, GiveUp)]
+        if any(isinstance(e, Kill) and e.rank == 2 for e in effects):
+            master.handle(Died((2,)))  # (killed from its host: MPI reports it)
+        for r in (1, 3):
+            master.handle(Received(r, Heartbeat(0)))
+    assert seen == []
+
+
+def test_without_fault_tolerance_a_rank_given_up_stops_the_job_and_under_it_the_job_goes_on():
+    from nlevel.roles.events import Died
+    from nlevel.roles.watch import GIVEN_UP
+
+    for ft in (False, True):
+        now = [0.0]
+        cfg = Config(levels=2, fault_tolerance="on" if ft else "off", lease=5.0)
+        h = build(4, Plan(2))
+        master = Station(h, 0, cfg, lambda: now[0], LocalBoards(), 100, Ledger(100))
+        master.handle(Died((3,), f"{GIVEN_UP}: was silent for a lease", tell=True))
+        assert master.server.stopped is (not ft) and master.stop_reason == ("" if ft else "rank given up")
+        assert [f.how for f in master.failures] == [f"{GIVEN_UP}: was silent for a lease"]

@@ -70,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     m.add_argument("--nodes", help="comma-separated node names (default all)")
     m.add_argument("--plain", action="store_true", help="the venv's mpiexec, not nlevel-mpiexec")
     m.add_argument("args", nargs=argparse.REMAINDER, help="mpiexec options and the program (after --)")
+    sl = sub.add_parser("slurm", help="Slurm across the nodes: slurmctld on the first, a slurmd on each")
+    sl.add_argument("action", choices=("up", "down", "status"))
     a = sub.add_parser("args", help="print the mpiexec options for the cluster")
     a.add_argument("--per-node", type=int, default=2)
     a.add_argument("--nodes")
@@ -99,6 +101,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cmd = cluster.mpiexec(rest, ns.per_node, nodes, plain=ns.plain)
             sys.stdout.flush()
             return subprocess.call(cmd)
+        if ns.command == "slurm":
+            from . import slurm
+
+            if ns.action == "up":
+                print(f"SLURM_CONF={slurm.up(cluster)} (clients run on a node: "
+                      f"python -m nlevel.testing.cluster exec node1 env SLURM_CONF=... sinfo -N)")
+            elif ns.action == "down":
+                stopped = slurm.down(cluster)
+                print("stopped: " + ", ".join(stopped) if stopped else "no Slurm daemon was running")
+            else:
+                ok = slurm.running(cluster)
+                print(f"Slurm on the cluster: {'running' if ok else 'not running'} (SLURM_CONF={slurm.conf_path(cluster)})")
+                return 0 if ok else 1
+            return 0
         if ns.command == "args":
             print(shlex.join(cluster.mpiexec_args(ns.per_node, ns.nodes.split(",") if ns.nodes else None)))
             return 0
