@@ -25,7 +25,6 @@ import random
 import statistics
 import sys
 import time
-from typing import Any
 
 from mpi4py import MPI
 

@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 
-import nlevel  # (before MPI: this rank is an nlevel process)
+import nlevel  # noqa: F401 (before MPI: this rank is an nlevel process)
 
 LOG_DIR = os.environ["NLEVEL_TEST_LOG_DIR"]
 RANK = os.environ.get("OMPI_COMM_WORLD_RANK", "0")

@@ -230,7 +230,7 @@ def test_a_rank_lost_before_mpi_init_makes_the_launcher_start_again_not_hang(tmp
         pytest.fail(f"hung\n{exc.stderr}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     what = "was stopped (and killed)" if how == "STOP" else "died"
-    assert f"nlevel-mpiexec: rank 2 (pid " in proc.stderr and f") {what} before MPI was up" in proc.stderr
+    assert "nlevel-mpiexec: rank 2 (pid " in proc.stderr and f") {what} before MPI was up" in proc.stderr
     assert "starting the job again (attempt 2 of 3)" in proc.stderr
     assert "nlevel: started again by nlevel-mpiexec (attempt 2): rank(s) 2 died before MPI was up" in proc.stderr
     assert completed_ids(tmp_path / "run.h5") == set(range(300))
