@@ -299,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--lease of trials with SIGSTOP victims (the library's default is 5 s) [default 2]")
     p.add_argument("--out", help="JSON path [default bench/results/soak-<trials>.json]")
     p.add_argument("--keep", action="store_true", help="keep each trial's directory (logs, checkpoint, report)")
+    p.add_argument("--replay", default="", help="K[,K...]: run only these trials (numbered as printed) of --seed, keeping their directories")
     p.add_argument("--quick", action="store_true",
                    help="4 fixed short trials (600 tasks of 20 ms, 6 processes, one per kind of death but exit)")
     p.add_argument("--markdown", metavar="FILE", help="also write the Markdown table here")
@@ -321,8 +322,11 @@ def main() -> None:
     base = tempfile.mkdtemp(prefix="nlevel-soak-")
     trials = []
     t0 = time.time()
-    for k in range(args.trials):
+    replay = {int(x) for x in args.replay.split(",") if x.strip()} if args.replay else set()
+    for k in range(max(replay) if replay else args.trials):
         t = draw(rng, args.n, QUICK[k] if args.quick else None, phases)
+        if replay and k + 1 not in replay:
+            continue  # (drawn all the same: the trials after it stay as they were)
         r = trial(k, t, args, base)
         trials.append(r)
         a = r["audit"]
@@ -345,8 +349,8 @@ def main() -> None:
     prov = provenance.record()  # (before the file is opened: truncating a tracked result made the tree "dirty")
     with open(args.out, "w") as f:
         json.dump({"provenance": prov, "args": vars(args), "summary": summary, "trials": trials}, f, indent=1)
-    print(f"\nwrote {args.out}" + (f"; trial directories in {base}" if args.keep else ""))
-    if not args.keep:
+    print(f"\nwrote {args.out}" + (f"; trial directories in {base}" if args.keep or args.replay else ""))
+    if not args.keep and not args.replay:
         shutil.rmtree(base, ignore_errors=True)
 
 

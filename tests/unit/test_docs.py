@@ -322,9 +322,7 @@ def test_every_bench_script_that_writes_a_result_has_a_parser_to_check_it_with()
 
 #: The saved results that fail ``python docs/render.py --check`` today, each until it is measured again
 #: (the lead reruns them on an idle machine); an entry left here after its rerun fails this test too.
-FAILING_NOW = {
-    "bench/results/soak-100.json",  # (its options include lease_min: the soak before the heartbeat's --lease)
-}
+FAILING_NOW: set[str] = set()
 
 
 def test_the_saved_results_that_fail_the_check_are_the_known_ones():
