@@ -45,17 +45,19 @@ the rank that claimed it. The protocol:
   the other two flags it goes down again (ids came back).
 
 A range is packed as ``start << LEN_BITS | length`` (ids below 2**42, up to 2**20 - 1 ids
-per slot); EMPTY is -1 and the marker of rank ``r`` is ``-2 - r``: every packed range is
->= 0, every other value negative.
+per slot), with the SUSPECT bit set for one id that may have killed a process (see
+:mod:`nlevel.roles.suspects`); EMPTY is -1 and the marker of rank ``r`` is ``-2 - r``: every
+packed range is >= 0, every other value negative.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Protocol, Sequence
+from typing import Collection, Final, Protocol, Sequence
 
 __all__ = [
-    "HEAD", "TAIL", "HEADER", "FINAL", "CLOSED", "ALL_OUT", "EMPTY", "LEN_BITS", "MAX_ID", "MAX_LEN", "TICKET_BITS",
+    "HEAD", "TAIL", "HEADER", "FINAL", "CLOSED", "ALL_OUT", "EMPTY", "LEN_BITS", "MAX_ID", "MAX_LEN", "SUSPECT",
+    "TICKET_BITS",
     "marker", "pack", "unpack", "words",
     "Memory", "Boards", "LocalMemory", "Claim", "Claimer", "Owner",
 ]
@@ -72,6 +74,11 @@ EMPTY: Final = -1
 LEN_BITS: Final = 20
 MAX_LEN: Final = (1 << LEN_BITS) - 1
 MAX_ID: Final = 1 << 42
+_START: Final = MAX_ID - 1
+#: A packed range's flag: one suspect id. Its claimer reports it as soon as it has run: a finished
+#: id waiting in a batch (up to ``--report-age``) is still held by the process, and a death then
+#: would count against it although it ran (three slaves killed 0.2 s apart quarantined one so).
+SUSPECT: Final = 1 << 62
 TICKET_BITS: Final = 40
 _TICKETS: Final = (1 << TICKET_BITS) - 1
 
@@ -81,14 +88,14 @@ def marker(rank: int) -> int:
     return -2 - rank
 
 
-def pack(start: int, length: int) -> int:
-    """One slot's value for the ids ``[start, start + length)``."""
-    return (start << LEN_BITS) | length
+def pack(start: int, length: int, suspect: bool = False) -> int:
+    """One slot's value for the ids ``[start, start + length)`` (``suspect``: with :data:`SUSPECT`)."""
+    return (start << LEN_BITS) | length | (SUSPECT if suspect else 0)
 
 
 def unpack(value: int) -> tuple[int, int]:
     """``(start, stop)`` of a packed range."""
-    start = value >> LEN_BITS
+    start = (value >> LEN_BITS) & _START
     return start, start + (value & MAX_LEN)
 
 
@@ -184,11 +191,13 @@ class Claim:
             ``"final"`` (nothing will ever come from this board); ``"closed"`` (this board
             is retired: the claimer's parent changed); ``"stale"`` (the board serves
             another epoch than the claimer's).
+        suspect: The range is one suspect id (published with :data:`SUSPECT`).
     """
 
     start: int
     stop: int
     status: str
+    suspect: bool = False  # (one id that may have killed a process: report it as soon as it has run)
 
 
 _WAIT: Final = Claim(0, 0, "wait")
@@ -260,7 +269,7 @@ class Claimer:
             return _LOST
         self.ticket = -1
         start, stop = unpack(value)
-        return Claim(start, stop, "ids")
+        return Claim(start, stop, "ids", value >= SUSPECT)
 
     def abandon(self) -> int:
         """Give up the ticket still waiting (the claimer leaves this board); return it, or -1."""
@@ -345,8 +354,9 @@ class Owner:
         """Slots free for publishing now."""
         return self.slots - (self.tail - self.scanned)
 
-    def publish(self, mem: Memory, ranges: list[tuple[int, int]]) -> None:
-        """Publish ``ranges`` (each ``0 < stop - start <= MAX_LEN``, at most :meth:`room` of them).
+    def publish(self, mem: Memory, ranges: list[tuple[int, int]], suspects: Collection[int] = ()) -> None:
+        """Publish ``ranges`` (each ``0 < stop - start <= MAX_LEN``, at most :meth:`room` of them);
+        a range starting at one of ``suspects`` is published with :data:`SUSPECT`.
 
         A slot still in limbo from the last lap is taken back first (to :attr:`returned`),
         or attributed if its claimer swapped meanwhile.
@@ -367,6 +377,8 @@ class Owner:
             pub, slots, tail = self.pub, self.slots, self.tail
             for k, (a, b) in enumerate(ranges):
                 v = (a << LEN_BITS) | (b - a)
+                if suspects and a in suspects:
+                    v |= SUSPECT
                 j = (tail + k) % slots
                 pub[j] = v
                 mem.put(HEADER + j, v)
@@ -374,7 +386,7 @@ class Owner:
             self.tail = tail + n
             mem.put(TAIL, self.tail | self.flags)
             return
-        arr = [pack(a, b - a) for a, b in ranges]
+        arr = [pack(a, b - a, bool(suspects) and a in suspects) for a, b in ranges]
         first = self.tail % self.slots
         cut = min(n, self.slots - first)
         self.pub[first : first + cut] = arr[:cut]
@@ -454,7 +466,7 @@ class Owner:
         for k, v in enumerate(vals):
             if v < EMPTY:
                 p = pub[first + k]
-                start = p >> LEN_BITS
+                start = (p >> LEN_BITS) & _START
                 self.claimed.append((-2 - v, start, start + (p & MAX_LEN)))
                 self.on_board -= p & MAX_LEN
                 pub[first + k] = EMPTY
@@ -467,7 +479,7 @@ class Owner:
         pub, claimed = self.pub, [k for k, v in enumerate(vals) if v < EMPTY]
         for k in claimed:
             p = pub[first + k]
-            start = p >> LEN_BITS
+            start = (p >> LEN_BITS) & _START
             self.claimed.append((-2 - vals[k], start, start + (p & MAX_LEN)))
             self.on_board -= p & MAX_LEN
             pub[first + k] = EMPTY

@@ -441,12 +441,15 @@ class Server:
             ranges = queue.take_pieces(size, want)
             if kept:
                 queue.add_ranges(kept)
+            alone: tuple[int, ...] = ()
             if ranges and kind == LEAF and self.suspects:
                 ranges = self._isolate(ranges, want)
+                suspects = self.suspects
+                alone = tuple(a for a, b in ranges if b == a + 1 and a in suspects)
             if ranges:
                 if ranges[-1][1] > self.published_top:
                     self.published_top = ranges[-1][1]
-                owner.publish(self.mine(kind), list(ranges))
+                owner.publish(self.mine(kind), list(ranges), alone)
 
     def count_timeouts(self, timeouts: dict[int, int]) -> None:
         """Count the ``--task-timeout`` give-ups of earlier runs (id -> times): as timeouts, as

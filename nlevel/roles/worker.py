@@ -80,6 +80,10 @@ class Worker:
         self.wait_started: float | None = None  # since when the user's loop has been waiting for ids
         self.all_out = False  # the parent's board said everything is out (its last claim: "all-out")
         self.reports = 0  # reports sent up so far
+        # A suspect id in hand (its range's end, 0: none): once it has run, the batch goes up at
+        # once (see board.SUSPECT), so that a death of this process after it does not count against it.
+        self.suspect_until = 0
+        self.report_now = False
 
     # -- the user's loop ------------------------------------------------------------------
     def ran(self, done: Ranges, results: tuple[tuple[int, Result], ...], failed: tuple[TaskFailure, ...],
@@ -112,6 +116,9 @@ class Worker:
             if hand is not None:
                 # What ran came from the front of the hand; the rest is still to run.
                 self.hand = (last, hand[1]) if last < hand[1] else None
+            if self.suspect_until and last >= self.suspect_until:
+                self.suspect_until = 0
+                self.report_now = True
         if tasks:
             self.tasks += tasks
             self.busy += busy
@@ -153,6 +160,8 @@ class Worker:
             t1 = clock() if clock is not None else now
             self.hand = (claim.start, claim.stop)
             self.state = State.RUN
+            if claim.suspect:
+                self.suspect_until = claim.stop
             if self.claims is not None:
                 self.claims.add_parts(t1 - self.wait_started, t1 - t0)
             self.wait_started = None
@@ -180,8 +189,8 @@ class Worker:
         """Whether the batch of finished ids should go to the parent now."""
         if not (self.done or self.failed or self.tasks):
             return False
-        if self.state is not State.RUN:
-            return True  # nothing to run here: the parent may wait for these to end the job
+        if self.state is not State.RUN or self.report_now:
+            return True  # nothing to run here: the parent may wait for these to end the job (or a suspect ran)
         # While ids keep coming, completions wait for a batch (they are not on the grant path):
         # a parent's load is its children's reports, not their claims.
         return len(self.done) >= self.report_every or now - self.oldest >= self.report_age
@@ -195,6 +204,7 @@ class Worker:
         self.results = []
         self.failed = []
         self.oldest = math.inf
+        self.report_now = False
         self.tasks = 0
         self.busy = 0.0
         self.busy_sq = 0.0
