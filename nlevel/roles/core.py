@@ -128,6 +128,7 @@ class StationCore:
         self.mirror_sent = 0.0
         self.leases_checked = -1e300
         self.killing: dict[int, tuple[float, str]] = {}  # ranks this one had killed: (since when, why), until dead
+        self.given_up: set[int] = set()  # ranks treated as dead although their processes may live (GiveUp)
         self.kills_checked = 0.0  # when `killing` was last looked at
         # Completions sent to each parent (fault tolerance): a survivor's answer to a reconciler
         # counts them as held while they may be in flight; a parent that passed them to a rank

@@ -57,6 +57,8 @@ class Failures(StationCore):
             return []
         old = self.hierarchy
         self.failed = failed = self.failed | new
+        if how.startswith(GIVEN_UP):
+            self.given_up |= new
         outs: list[Effect] = []
         for x in new:
             self.endings.pop(x, None)

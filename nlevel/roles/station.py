@@ -29,7 +29,7 @@ from .messages import (
 )
 from .replan import Replanning
 from .results import vet
-from .watch import Watching
+from .watch import GIVEN_UP, Watching
 from .master import Master
 from .region import Region
 from .server import LEAF
@@ -133,6 +133,10 @@ class Station(Replanning, Closing, Watching):
         if isinstance(msg, Mirror):
             return self.on_mirror(msg)  # (even from a master that died since: its commits stand)
         if isinstance(msg, Gone):
+            if src in self.given_up and msg.how.startswith(GIVEN_UP):
+                # A rank given up may live on (its node thawed, its link mended) and give up others
+                # in turn: children that stopped beating to it only because it was given up.
+                return []
             return self.fail(msg.ranks, msg.how)  # (news from a rank that may have died since)
         if isinstance(msg, TimedOut):
             return self.on_timed_out(msg)  # (sent by a rank just before it was killed)

@@ -526,9 +526,11 @@ class FarmRuntime:
         dies); everyone's when, without it, a rank was given up."""
         if self._released_all or self.station.finished_release:
             held = self.station.handle(ReportDone())
-            if held and self.failed:  # (first: a rank released now may end the job at once)
+            given_up = self.station.given_up
+            if held and given_up:  # (first: a rank released now may end the job at once)
+                # Only ranks given up: their processes may never end, and mpiexec waits for them.
                 places = self.t.places
-                mark_end(self.released_code, {r: places[r][0] if r < len(places) else "" for r in self.failed})
+                mark_end(self.released_code, {r: places[r][0] if r < len(places) else "" for r in given_up})
             if held:
                 self.loop.perform(held)
                 self.t.flush(timeout=5.0)

@@ -214,8 +214,15 @@ def _keepalive(opts: Sequence[str]) -> list[str]:
 
 
 def in_allocation() -> bool:
-    """Whether this runs inside a Slurm job step that names its tasks (mpiexec then starts one rank per task)."""
-    return bool(os.environ.get("SLURM_JOB_ID")) and bool(os.environ.get("SLURM_NTASKS"))
+    """Whether this runs inside a Slurm allocation of several tasks (mpiexec then starts one rank per task).
+
+    One task (``srun --pty -c 8 bash``, ``sbatch -n 1 -c 8``): one process per usable core, as on a workstation.
+    """
+    try:
+        tasks = int(os.environ.get("SLURM_NTASKS", ""))
+    except ValueError:
+        return False
+    return bool(os.environ.get("SLURM_JOB_ID")) and tasks > 1
 
 
 def one_node(opts: Sequence[str]) -> bool:
@@ -384,6 +391,8 @@ def _children(parent: int) -> list[str]:
                 kids += f.read().split()
         return kids
     except OSError:  # (a kernel without CONFIG_PROC_CHILDREN, or the process is gone)
+        if not os.path.isdir("/proc"):
+            return []
         return [name for name in os.listdir("/proc") if name.isdigit()]
 
 

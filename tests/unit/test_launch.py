@@ -230,3 +230,15 @@ def test_after_the_masters_end_record_a_launcher_waiting_for_lost_ranks_is_stopp
     assert launch.main(["--host", "a:2,b:2", "./app"]) == 75
     assert time.monotonic() - started < 30
     assert startwatch.job_end(str(tmp_path)) is None  # (no record here: None, not an error)
+
+
+def test_a_one_task_allocation_gets_one_process_per_core(monkeypatch):
+    """``srun --pty -c 8 bash`` or ``sbatch -n 1 -c 8``: SLURM_NTASKS is 1, the cores are the user's."""
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: "/x/mpiexec")
+    for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PBS_NODEFILE", "LSB_HOSTS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    for tasks, expected in (("1", ["-n", "8"]), ("", ["-n", "8"]), ("x", ["-n", "8"]), ("4", [])):
+        monkeypatch.setenv("SLURM_NTASKS", tasks)
+        cmd, _ = launch.build_command(["./app"], cores=8, root=False, open_mpi=True)
+        assert cmd == ["/x/mpiexec", *expected, "./app"], (tasks, cmd)

@@ -206,3 +206,21 @@ def test_without_fault_tolerance_a_rank_given_up_stops_the_job_and_under_it_the_
         master.handle(Died((3,), f"{GIVEN_UP}: was silent for a lease", tell=True))
         assert master.server.stopped is (not ft) and master.stop_reason == ("" if ft else "rank given up")
         assert [f.how for f in master.failures] == [f"{GIVEN_UP}: was silent for a lease"]
+
+
+def test_a_rank_given_up_that_lives_on_cannot_give_up_others():
+    """Its node thawed or its link mended, a region-master given up finds its children silent (they
+    beat to their new parent) and gives them up in turn: the others must not believe it."""
+    from nlevel.roles.events import Died
+    from nlevel.roles.messages import Gone
+    from nlevel.roles.watch import GIVEN_UP
+
+    now = [0.0]
+    cfg = Config(levels=2, fault_tolerance="on", lease=5.0)
+    master = Station(build(4, Plan(2)), 0, cfg, lambda: now[0], LocalBoards(), 100, Ledger(100))
+    master.handle(Died((3,), f"{GIVEN_UP}: was silent for a lease", tell=True))
+    assert master.given_up == {3}
+    master.handle(Received(3, Gone((2,), f"{GIVEN_UP}: was silent for a lease")))
+    assert 2 not in master.failed
+    master.handle(Received(1, Gone((2,), "exited")))  # (a live rank's news stands)
+    assert 2 in master.failed
