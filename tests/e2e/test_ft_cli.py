@@ -30,10 +30,17 @@ def run_job(tmp_path, env, n, args, ft=True, timeout=150, app=APP):
     launcher = [os.path.join(BIN, "nlevel-mpiexec"), *(["--with-ft", "ulfm"] if ft else []), "-n", str(n)]
     cmd = [*launcher, sys.executable, "-m", "nlevel.run", app, "--checkpoint", "run.h5", "--report", "r.json",
            "--quiet", *args]
+    return run_and_collect(cmd, tmp_path, {**env, "NLEVEL_TEST_LOG_DIR": str(logs)}, timeout, " ".join(args))
+
+
+def run_and_collect(cmd, tmp_path, env, timeout, what):
+    """Run a job bounded (a hang fails the test); return (process, the report r.json or None, how
+    often each id ran: the exec-* logs under $NLEVEL_TEST_LOG_DIR)."""
+    logs = tmp_path / "logs"
     try:
-        proc = run_bounded(cmd, timeout, cwd=tmp_path, env={**env, "NLEVEL_TEST_LOG_DIR": str(logs)})
+        proc = run_bounded(cmd, timeout, cwd=tmp_path, env=env)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"hung: {' '.join(args)}\n{exc.stderr}")
+        pytest.fail(f"hung: {what}\n{exc.stderr}")
     report = json.loads((tmp_path / "r.json").read_text()) if (tmp_path / "r.json").exists() else None
     runs: Counter[int] = Counter()
     for name in os.listdir(logs):

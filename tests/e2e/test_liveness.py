@@ -8,16 +8,14 @@ once. And the other side of the promise: a process that stops (SIGSTOP) is still
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-from collections import Counter
 
 import pytest
 
-from ..conftest import ROOT, run_bounded
+from ..conftest import ROOT
 from .test_cli import BIN, completed_ids
+from .test_ft_cli import run_and_collect
 
 SCRIPT = os.path.join(ROOT, "tests", "apps", "heavy_tail.py")
 
@@ -27,17 +25,8 @@ def run_script(tmp_path, env, n, total, long, ft, timeout=150, extra_env=None):
     logs.mkdir(exist_ok=True)
     launcher = [os.path.join(BIN, "nlevel-mpiexec"), *(["--with-ft", "ulfm"] if ft else []), "-n", str(n)]
     cmd = [*launcher, sys.executable, SCRIPT, str(total), "run.h5", "r.json", *(f"{k}:{v}" for k, v in long.items())]
-    try:
-        proc = run_bounded(cmd, timeout, cwd=tmp_path, env={**env, "NLEVEL_TEST_LOG_DIR": str(logs),
-                                                            **(extra_env or {})})
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"hung\n{exc.stderr}")
-    report = json.loads((tmp_path / "r.json").read_text()) if (tmp_path / "r.json").exists() else None
-    runs: Counter[int] = Counter()
-    for name in os.listdir(logs):
-        if name.startswith("exec-"):
-            runs.update(int(x) for x in (logs / name).read_text().split())
-    return proc, report, runs
+    return run_and_collect(cmd, tmp_path, {**env, "NLEVEL_TEST_LOG_DIR": str(logs), **(extra_env or {})}, timeout,
+                           "heavy_tail.py")
 
 
 @pytest.mark.timeout(200)
