@@ -57,7 +57,8 @@ class Failures(StationCore):
             return []
         old = self.hierarchy
         self.failed = failed = self.failed | new
-        if how.startswith(GIVEN_UP):
+        given_up = how.startswith(GIVEN_UP)  # (they may live on: see Watching.unkillable)
+        if given_up:
             self.given_up |= new
         outs: list[Effect] = []
         for x in new:
@@ -92,7 +93,7 @@ class Failures(StationCore):
             for x in sorted(new & set(d.children)):
                 child = d.children[x]
                 silent = d.clock() - child.heard
-                why = how if how.startswith(GIVEN_UP) else child.leased or ("drained (left, then ended)" if child.left
+                why = how if given_up else child.leased or ("drained (left, then ended)" if child.left
                                                                             else how)
                 held = d.drop_child(x)
                 record = replace(_record(x, old, len(held), why, self.rank, wall), silent_ms=round(silent * 1e3, 3))
@@ -167,7 +168,7 @@ class Failures(StationCore):
             outs += self.receive(src, msg)
         outs += self._finish_recon()
         outs += self.serve()
-        if not self.ft and how.startswith(GIVEN_UP) and isinstance(self.server, Master):
+        if not self.ft and given_up and isinstance(self.server, Master):
             # Without fault tolerance a rank given up (it could not be killed: its node stopped or
             # cut off) may come back and claim: the job stops cleanly, to be resumed without it.
             outs += self.stop("rank given up")
