@@ -14,10 +14,14 @@ from typing import Any, Final
 
 from ddsketch import DDSketch
 
-__all__ = ["Summary", "RequestTimes", "ACCURACY"]
+__all__ = ["Summary", "RequestTimes", "Timeline", "ACCURACY", "TIMELINE_BIN", "TIMELINE_MAX"]
 
 #: Relative accuracy of every quantile (a p99 of 40 s is reported within 0.4 s).
 ACCURACY: Final = 0.01
+#: Seconds per bin of a server's timeline in the run report.
+TIMELINE_BIN: Final = 0.1
+#: Bins a server keeps at most: past it, its bins double in width (a week's job keeps 2,048, not six million).
+TIMELINE_MAX: Final = 2048
 
 
 class Summary:
@@ -190,3 +194,33 @@ class RequestTimes:
     def to_dict(self) -> dict[str, Any]:
         """Return the parts in milliseconds."""
         return {name: getattr(self, name).to_dict(1e3) for name in PARTS}
+
+
+class Timeline:
+    """How many ranges a server handed out, per bin of wall-clock time (the run report's timeline).
+
+    Bounded: past :data:`TIMELINE_MAX` bins, every two bins merge into one of twice the width.
+    """
+
+    __slots__ = ("bins", "width", "_seen")
+
+    def __init__(self) -> None:
+        self.bins: dict[int, int] = {}  # wall time // width -> ranges handed out then
+        self.width = TIMELINE_BIN  # seconds per bin (doubles as the job goes on)
+        self._seen = 0  # the server's count of ranges handed out, as last seen
+
+    def note(self, served: int, wall: float) -> None:
+        """The server has handed out ``served`` ranges in all (at wall-clock time ``wall``)."""
+        if served > self._seen:
+            b = int(wall / self.width)
+            self.bins[b] = self.bins.get(b, 0) + served - self._seen
+            if len(self.bins) > TIMELINE_MAX:
+                coarse: dict[int, int] = {}
+                for k, n in self.bins.items():
+                    coarse[k // 2] = coarse.get(k // 2, 0) + n
+                self.bins, self.width = coarse, 2 * self.width
+        self._seen = served
+
+    def restart(self) -> None:
+        """A new server on this rank: its count starts from zero."""
+        self._seen = 0

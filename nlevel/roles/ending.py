@@ -1,4 +1,6 @@
-"""How a job ends: every rank's statistics travel up the tree, then the master releases everyone. Pure Python.
+"""How a job ends: one sub-machine of a :class:`~nlevel.roles.station.Station`. Pure Python.
+
+Every rank's statistics travel up the tree, then the master releases everyone.
 
 The end is part of the job, not a collective call after it, so a death while it runs is
 handled like any other (MPI collectives hang when a process exited without MPI noticing,
@@ -33,14 +35,15 @@ from __future__ import annotations
 from typing import Any
 
 from ..stats import RequestTimes, Summary
-from .core import StationCore
 from .events import Effect, Send
+from .failures import Recovery
+from .host import Host
 from .messages import Ending, Release
 from .recovery import deputy
-from .region import Region
+from .replan import Replanning
 from .worker import State
 
-__all__ = ["Closing", "merge_places", "merge_stats", "own_stats"]
+__all__ = ["Closing", "merge_places", "merge_stats"]
 
 
 def merge_places(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -79,54 +82,41 @@ def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def own_stats(st: StationCore) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One rank's (row, mergeable statistics) for the run report."""
-    info = st.info
-    w, d = st.worker, st.server
-    row: dict[str, Any] = {
-        "rank": st.rank,
-        "role": info.role.value,
-        "level": info.level,
-        "tasks": w.task_times.n if w is not None else 0,
-        "busy_s": w.task_times.total if w is not None else 0.0,
-        "served": st.served,
-    }
-    requests: dict[int, Any] = {}
-    if w is not None and w.claims is not None and w.claims.total.n and w.parent != st.rank:
-        requests[info.level] = w.claims  # its claims on its parent's board, one level up
-    elif w is not None and w.claims is not None and w.claims.total.n and info.level == 0:
-        requests[info.level + 1] = w.claims  # the master's own loop claims from its own board
-    if isinstance(d, Region) and d.requests.total.n:
-        requests.setdefault(info.level, d.requests)
-    merged: dict[str, Any] = {
-        "tasks": w.task_times if w is not None else None,
-        "requests": requests,
-        "unexpected": d.unexpected if d is not None else 0,
-        "failures": [f.to_dict() for f in st.failures],
-        "timeline": {st.rank: (st.timeline_bin, dict(st.served_bins))} if st.served_bins else {},
-        **st.facts,
-    }
-    return row, merged
-
-
-class Closing(StationCore):
+class Closing:
     """The end of the job on one rank (see the module docstring).
 
     Its statistics carry the station's ``facts`` (where it runs: ``hosts``), merged by
     :func:`merge_stats` like the rest.
     """
 
+    def __init__(self, st: Host, recovery: Recovery, replanning: Replanning) -> None:
+        self.st = st
+        self.recovery = recovery
+        self.replanning = replanning
+        self.endings: dict[int, Ending] = {}  # child -> its Ending
+        self.end_key: tuple[Any, ...] | None = None  # what this rank's last Ending was made of
+        self.released: Release | None = None  # the master's Release (this rank's loop may stop)
+        self.pending_release: Release | None = None  # the deputy: the master is releasing everyone
+        self.finished_release = False  # this rank released the job for a master that died while releasing it
+        self.held_release: list[Effect] = []  # the master: releases sent once its own end is done (see release)
+
+    def forget(self, dead: frozenset[int]) -> None:
+        """``dead`` died: their Endings no longer count."""
+        for x in dead:
+            self.endings.pop(x, None)
 
     @property
     def over(self) -> bool:
         """Whether this rank's part of the job is done: its loop is over and it serves nobody."""
-        return not self.abandoned and self.ended and self.done_serving and not self.loading
+        st = self.st
+        return not st.abandoned and st.ended and st.done_serving and not st.loading
 
     def _live_children(self) -> list[int]:
-        return [c for c in self.info.children if c not in self.failed and c != self.rank]
+        st = self.st
+        return [c for c in st.info.children if c not in st.failed and c != st.rank]
 
     def _payload(self, children: list[int]) -> tuple[tuple[dict[str, Any], ...], dict[str, Any]]:
-        row, stats = own_stats(self)
+        row, stats = self.st.own_stats()
         rows = [row]
         for c in children:
             e = self.endings[c]
@@ -134,23 +124,23 @@ class Closing(StationCore):
             stats = merge_stats(stats, e.stats)
         return tuple(rows), stats
 
-    def closing(self) -> list[Effect]:
+    def step(self) -> list[Effect]:
         """On each tick: send this rank's Ending up once its subtree is over; kill children that never end."""
         if self.released is not None:
             return []
         if not self.over:
-            return self._early_ending()
+            return self.early_ending()
         children = self._live_children()
         if any(c not in self.endings for c in children):
             return []  # (a child that is hung stops beating: its lease kills it)
-        parent = self.info.parent
+        parent = self.st.info.parent
         if parent is None:
             return []  # the master: ready (see ready()); the runtime writes the report and releases
         return self._send_ending(parent, children)
 
     def _send_ending(self, parent: int, children: list[int]) -> list[Effect]:
-        w = self.worker
-        key = (parent, tuple((c, id(self.endings[c])) for c in children), len(self.failures),
+        w = self.st.worker
+        key = (parent, tuple((c, id(self.endings[c])) for c in children), len(self.recovery.failures),
                w.reports if w is not None else 0)
         if key == self.end_key:
             return []
@@ -158,25 +148,26 @@ class Closing(StationCore):
         rows, stats = self._payload(children)
         return [Send(parent, Ending(rows, stats))]
 
-    def _early_ending(self) -> list[Effect]:
+    def early_ending(self) -> list[Effect]:
         """A leaf idle on a board whose ids are all out, holding and owing nothing: its Ending now (see the module docstring)."""
-        w = self.worker
-        parent = self.info.parent
-        if (w is None or not w.all_out or w.state is not State.WAIT or self.server is not None or parent is None
+        st = self.st
+        w = st.worker
+        parent = st.info.parent
+        if (w is None or not w.all_out or w.state is not State.WAIT or st.server is not None or parent is None
                 or w.parent != parent or w.hand is not None or w.queue or w.done or w.failed or w.tasks
-                or w.results or self.abandoned or self.unacked or self.drain_requested or self.loading):
+                or w.results or st.abandoned or self.replanning.unacked or st.drain_requested or st.loading):
             return []
         return self._send_ending(parent, [])
 
     def on_ending(self, src: int, msg: Ending) -> list[Effect]:
         """A child's subtree is over (kept even from a rank not yet known as a child: a failure may make it one)."""
         self.endings[src] = msg
-        return self.closing()
+        return self.step()
 
     @property
     def all_ended(self) -> bool:
         """The master: whether every live rank has ended, so the job can be released."""
-        if self.info.parent is not None or self.released is not None or not self.over:
+        if self.st.info.parent is not None or self.released is not None or not self.over:
             return False
         return all(c in self.endings for c in self._live_children())
 
@@ -212,18 +203,19 @@ class Closing(StationCore):
                 errno: int = 0) -> list[Effect]:
         """The master: end the job for everyone; ``code`` is the status processes end with after failures;
         ``error``: the checkpoint's write error (its text, with ``errno``), for every rank to raise alike."""
+        st = self.st
         if isinstance(error, BaseException):
             error, errno = getattr(error, "problem", None) or str(error), getattr(error, "errno", None) or 0
         error = error or ""
-        failed = tuple(sorted(self.failed))
-        dep = deputy(self.hierarchy)
+        failed = tuple(sorted(st.failed))
+        dep = deputy(st.hierarchy)
         outs: list[Effect] = []
         if dep is not None:
             outs.append(Send(dep, Release(code, failed, report, pending=True, error=error, errno=errno)))
-        others = sorted((r for r in range(self.size) if r not in self.failed and r not in (self.rank, dep)),
+        others = sorted((r for r in range(st.size) if r not in st.failed and r not in (st.rank, dep)),
                         reverse=True)
-        rest = [Send(r, Release(code, failed, error=error, errno=errno)) for r in others]
-        if not self.ft and failed:
+        rest: list[Effect] = [Send(r, Release(code, failed, error=error, errno=errno)) for r in others]
+        if not st.ft and failed:
             # Without fault tolerance, a rank given up (its task past --task-timeout) keeps its
             # process: no collective can end the job, every process ends on its own with the
             # job's status, and mpiexec ends the whole job at the first non-zero exit. A rank
@@ -239,7 +231,7 @@ class Closing(StationCore):
             # window is killed and the deputy finishes the job, instead of a hang. (Without it,
             # after a rank was given up, the deputy waits with everyone else, see above.)
             last = Send(dep, Release(code, failed, error=error, errno=errno))
-            if self.ft or failed:
+            if st.ft or failed:
                 self.held_release.append(last)
             else:
                 outs.append(last)
@@ -267,13 +259,17 @@ class Closing(StationCore):
         exited, which ULFM tells it as deaths; they are not failures). Empty elsewhere."""
         if not self.finished_release:
             return set()
+        assert self.pending_release is not None
         before = set(self.pending_release.failed)
-        master = {f.rank for f in self.failures if f.role == "master" and f.rank not in before}
-        return set(self.failed) - before - master
+        master = {f.rank for f in self.recovery.failures if f.role == "master" and f.rank not in before}
+        return set(self.st.failed) - before - master
 
     def release_for_dead_master(self) -> list[Effect]:
-        """A new master whose predecessor died while releasing: release everyone still here."""
+        """A new master: if its predecessor died while releasing everyone, the job is over: release
+        everyone still here (nothing otherwise)."""
         pending = self.pending_release
-        assert pending is not None
+        if pending is None or self.released is not None:
+            return []
+        self.st.job_over = True
         self.finished_release = True
         return self.release(pending.code, pending.report, pending.error, pending.errno)

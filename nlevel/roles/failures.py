@@ -1,6 +1,6 @@
-"""How a :class:`~nlevel.roles.station.Station` repairs itself when other ranks die. Pure Python.
+"""How a rank repairs itself when other ranks die: one sub-machine of a :class:`~nlevel.roles.station.Station`. Pure Python.
 
-:meth:`Failures.fail` takes the ranks the runtime reported dead and applies the rules of
+:meth:`Recovery.fail` takes the ranks the runtime reported dead and applies the rules of
 :mod:`nlevel.roles.recovery` to this rank: requeue a dead slave's ids, start (or extend)
 a reconciliation for a dead server, take over as region-master or master when this
 rank is now the lowest survivor of a block, send a Holding when this rank's parent
@@ -17,24 +17,25 @@ from typing import Final
 
 from ..model.hierarchy import Hierarchy, Role, build
 from ..ranges import Ranges, RangeSet, Tally
-from .core import StationCore
+from .delivery import Delivery
 from .events import CheckpointLoaded, Effect, LoadCheckpoint, Send
+from .host import Host
 from .ledger import Ledger
-from .messages import FailureRecord, Gone, Holding, Message, Mirror, Report, Result
-from .recovery import Reconciliation, deputy, expected, reconciler
-from .watch import BEATS, GIVEN_UP
+from .messages import FailureRecord, Gone, Holding, Message, Mirror, Report
+from .recovery import BEATS, GIVEN_UP, Reconciliation, deputy, expected, reconciler
+from .replan import Replanning
 from .master import Master
 from .region import Region
 from .server import LEAF, UPPER, Server
 from .worker import State
 
-__all__ = ["Failures", "MIRROR_AGE", "MIRROR_BATCH", "RESERVE_SHARE"]
+__all__ = ["Recovery", "MIRROR_AGE", "MIRROR_BATCH", "RESERVE_SHARE"]
 
 #: The master copies its commits to the deputy at least this often (s) ...
 MIRROR_AGE: Final = 0.005
 #: ... or once this many ids are waiting (a master that dies loses at most these commits).
 MIRROR_BATCH: Final = 256
-#: The master's mark (no id above it handed out yet, see :meth:`Failures._move_mark`) moves
+#: The master's mark (no id above it handed out yet, see :meth:`Recovery._move_mark`) moves
 #: this share of the job's ids ahead of what it published.
 RESERVE_SHARE: Final = 1 / 64
 
@@ -43,8 +44,35 @@ def _record(rank: int, old: Hierarchy, held: int, how: str, by: int, wall: float
     return FailureRecord(rank, old[rank].role.value, old[rank].level, how, by, wall, held)
 
 
-class Failures(StationCore):
-    """The failure-handling part of a station."""
+class Recovery:
+    """Deaths, reconciliations, take-overs and the deputy's copy of the master's ledger, on one rank."""
+
+    def __init__(self, st: Host, delivery: Delivery, replanning: Replanning) -> None:
+        self.st = st
+        self.delivery = delivery
+        self.replanning = replanning
+        self.failures: list[FailureRecord] = []  # deaths this rank recorded (the master's: the report's)
+        self.given_up: set[int] = set()  # ranks treated as dead although their processes may live (GiveUp)
+        self.recon: Reconciliation | None = None  # a reconciliation this rank leads
+        self.lost_seen: set[tuple[int, int]] = set()  # a reconciler: (survivor, dead) losses requeued already
+        self.deferred: deque[tuple[int, Message]] = deque()  # messages held until this rank learns of a death
+        # The master's side of the deputy's copy.
+        self.mirror_to: int | None = None  # the deputy it copies to (-1: none; None: not started)
+        self.mirror_sent = 0.0  # when it last sent a copy
+        self.mirrored_failures = 0  # failure records copied so far
+        self.hand_sent: Ranges = ()  # its own loop's holding as last copied
+        # Ids at or above this mark were never handed out: the master keeps it ahead of what it
+        # publishes and copies it to the deputy, which as the next master hands them out at once.
+        self.mark = 0
+        # The deputy's side: its copy of the master's ledger and what came with it.
+        self.mirror: Ledger | None = None
+        self.mirror_failures: list[FailureRecord] = []
+        self.mirror_deaths = Tally()  # the master's death counts per id
+        self.mirror_hand: Ranges = ()  # what the master's own loop held at the last copy
+        self.mirror_mark = -1  # the master's mark (-1: not known)
+        self.timed_out_hand = RangeSet()  # the master's own task past its limit (no fault tolerance)
+        self.timeout_notes: list[tuple[int, tuple[tuple[int, int], ...]]] = []  # (rank, ids) timed out, for a successor
+        self.free = RangeSet()  # a new master: the ids above its predecessor's mark, queued on its next tick
 
     # -- events ----------------------------------------------------------------------------
     def fail(self, ranks: tuple[int, ...], how: str = "ulfm", tell: bool = False) -> list[Effect]:
@@ -52,40 +80,22 @@ class Failures(StationCore):
 
         ``tell``: this rank found out by itself (MPI will not tell the others): tell every live rank.
         """
-        new = frozenset(ranks) - self.failed - {self.rank}
+        st = self.st
+        new = frozenset(ranks) - st.failed - {st.rank}
         if not new:
             return []
-        old = self.hierarchy
-        self.failed = failed = self.failed | new
+        old = st.hierarchy
+        st.failed = failed = st.failed | new
         given_up = how.startswith(GIVEN_UP)  # (they may live on: see Watching.unkillable)
         if given_up:
             self.given_up |= new
         outs: list[Effect] = []
-        for x in new:
-            self.endings.pop(x, None)
-        nh = build(self.size, old.plan, failed, old.out, old.node_sizes)  # (the ranks its plan left out stay out)
-        if self.sent_done is None:
-            self.sent_done = {}
-        # Completions reported to a rank that died are lost with it: report them again (below),
-        # to the new parent, rather than run them again.
-        again, again_results = RangeSet(), list[tuple[int, Result]]()
-        for x in new:
-            sent = self.sent_done.pop(x, None)
-            if sent:
-                self.lost_via[x] = sent  # passed to a rank that died: a reconciler must know
-                again.add_ranges(sent.ranges())
-            for _, _, results in self.unsafe.pop(x, ()):
-                again_results += results
-            for seqs in (self.heard_seq, self.safe_seq, self.said_safe, self.up_seq):
-                seqs.pop(x, None)
-        if old[self.rank].parent in new:
-            self.flush_covers.clear()  # (said safe by nobody now: its reports go again to the new parent)
-        wall = self.wall()
-        for epoch in list(self.unacked):  # the dead never acknowledge a regroup
-            self.unacked[epoch] -= new
-            if not self.unacked[epoch]:
-                del self.unacked[epoch]
-        d = self.server
+        nh = build(st.size, old.plan, failed, old.out, old.node_sizes)  # (the ranks its plan left out stay out)
+        # What this rank reported to the dead goes again (below) to the new parent, rather than run again.
+        again, again_results = self.delivery.lost_with(new, old[st.rank].parent in new)
+        wall = st.wall()
+        self.replanning.forget(new)  # (the dead never acknowledge a regroup)
+        d = st.server
         ask: set[int] = set()
         if d is not None:
             for x in sorted(new & set(d.strangers)):
@@ -96,30 +106,30 @@ class Failures(StationCore):
                 why = how if given_up else child.leased or ("drained (left, then ended)" if child.left
                                                                             else how)
                 held = d.drop_child(x)
-                record = replace(_record(x, old, len(held), why, self.rank, wall), silent_ms=round(silent * 1e3, 3))
+                record = replace(_record(x, old, len(held), why, st.rank, wall), silent_ms=round(silent * 1e3, 3))
                 if old[x].children:
                     # A server that was still working: its survivors will say what they hold.
-                    self.recon = self.recon or Reconciliation(now=self.clock())
+                    self.recon = self.recon or Reconciliation(now=st.clock())
                     ask |= self.recon.add_dead(held, expected(x, old, failed), record)
                 else:
-                    host = self.hosts[x] if x < len(self.hosts) else ""
+                    host = st.hosts[x] if x < len(st.hosts) else ""
                     d.suspects.add_ranges(held.ranges())  # (one of them may be what killed it)
                     n, quarantined = d.requeue_lost(held, x, host, why)
-                    self.failures.append(record.closed(n, tuple(quarantined), self.wall()))
+                    self.failures.append(record.closed(n, tuple(quarantined), st.wall()))
         if isinstance(d, Master) and d.carried and not (self.recon is not None and self.recon.everything):
             # Ids out with ranks the master cannot name (claimed by a rank that was not yet its
             # child, or handed off below): one of the dead may have held them. Everyone says
             # what it holds; what nobody holds runs again.
             d._settle_carried()
             if d.carried:
-                self.recon = self.recon or Reconciliation(now=self.clock())
-                others = set(range(self.size)) - failed - {self.rank}
+                self.recon = self.recon or Reconciliation(now=st.clock())
+                others = set(range(st.size)) - failed - {st.rank}
                 ask |= self.recon.add_dead(d.carried.copy(), others, None)
         if self.recon is not None:
             for x in sorted(new & (self.recon.expected | set(self.recon.got))):
                 if x in self.recon.expected:
                     self.recon.last_death = wall  # (its recovery waited for x's answer: x's death ends that wait)
-                mine = reconciler(x, old, nh) == self.rank
+                mine = reconciler(x, old, nh) == st.rank
                 ask |= self.recon.member_died(x, expected(x, old, failed) if mine else set())
             for x in sorted(new):
                 # Whoever answered and had x as its parent may count completions it sent x: stale.
@@ -127,68 +137,75 @@ class Failures(StationCore):
                 if stale & set(self.recon.got):
                     self.recon.last_death = wall  # (answers in hand are void: the recovery waits for them again)
                 ask |= self.recon.reask(stale)
-        took_over = nh.master == self.rank and old.master != self.rank
+        took_over = nh.master == st.rank and old.master != st.rank
         load: list[Effect] = []
         if took_over:
             took, load = self._take_over(old, nh, wall, how)
             ask |= took
         outs += self._relayout(nh)
         if again:
-            up = self.rank if self.server is not None else self.info.parent
+            up = st.rank if st.server is not None else st.info.parent
             if up is not None:
-                outs += self.report_up(Report(again.ranges(), tuple(again_results), epoch=self.epoch), up)
+                outs += self.delivery.report_up(Report(again.ranges(), tuple(again_results), epoch=st.epoch), up)
         if took_over:
-            outs += self._after_take_over()
-        parent = old[self.rank].parent
-        if parent is not None and parent in new and self.info.parent is not None:
+            outs += st.took_over()
+        parent = old[st.rank].parent
+        if parent is not None and parent in new and st.info.parent is not None:
             # Unasked, to the new parent: it records what this rank's subtree holds.
-            outs.append(Send(self.info.parent, Holding(self.holding(sent=False).ranges(), tuple(sorted(failed)),
+            outs.append(Send(st.info.parent, Holding(self.holding(sent=False).ranges(), tuple(sorted(failed)),
                                                        left=self.left_the_loop())))
-        if ask - {self.rank}:
+        if ask - {st.rank}:
             assert self.recon is not None
             names = tuple(sorted(failed))
-            outs += [Send(r, Holding((), names, True, self.recon.token(r))) for r in sorted(ask - {self.rank})]
+            outs += [Send(r, Holding((), names, True, self.recon.token(r))) for r in sorted(ask - {st.rank})]
         if tell:
             # After the questions: a survivor takes the death from the question and answers it in
             # the same look (see Station.receive). Told first, it learned of the death and often
             # found the question only one range later (measured: a master's recovery waited 25 ms
             # more for such a survivor, 8 ranks on 2 cores).
             gone = Gone(tuple(sorted(new)), how)
-            outs += [Send(r, gone) for r in range(self.size) if r not in failed and r != self.rank]
-        if isinstance(self.server, Master) and self.ft:
+            outs += [Send(r, gone) for r in range(st.size) if r not in failed and r != st.rank]
+        if isinstance(st.server, Master) and st.ft:
             dep = deputy(nh)
             if (dep if dep is not None else -1) != self.mirror_to:
                 outs += self._mirror_full(dep)
-        if self.server is not None:
-            self.server.reconciling = self.recon is not None
-        if self.erred and nh.master != old.master:
-            outs += self.user_error(self.rank, self.erred)  # (the new master stops the job too)
+        if st.server is not None:
+            st.server.reconciling = self.recon is not None
+        if st.erred and nh.master != old.master:
+            outs += st.user_error(st.rank, st.erred)  # (the new master stops the job too)
         deferred, self.deferred = self.deferred, deque()
         for src, msg in deferred:
-            outs += self.receive(src, msg)
+            outs += st.receive(src, msg)
         outs += self._finish_recon()
-        outs += self.serve()
-        if not self.ft and given_up and isinstance(self.server, Master):
+        outs += st.serve()
+        if not st.ft and given_up and isinstance(st.server, Master):
             # Without fault tolerance a rank given up (it could not be killed: its node stopped or
             # cut off) may come back and claim: the job stops cleanly, to be resumed without it.
-            outs += self.stop("rank given up")
+            outs += st.stop("rank given up")
         # The checkpoint file last: the runtime reads it while the survivors answer the questions
         # sent above (read first, it delayed them: 25-45 ms of a new master's recovery).
         return outs + load
 
-    def receive(self, src: int, msg: Message) -> list[Effect]:
-        raise NotImplementedError  # (the Station's)
+    def timed_out(self, rank: int, ids: tuple[tuple[int, int], ...]) -> None:
+        """Not the master: a task of ``rank`` ran past its limit; the timeout counts if this rank takes over."""
+        self.timeout_notes.append((rank, ids))
+        if rank == self.st.hierarchy.master and not self.st.ft:
+            # The master's own task, given up without fault tolerance: the master counted this
+            # timeout in the checkpoint it leaves, which this rank takes over from; an id at its
+            # quarantine then must not be handed out again (see _finish_recon).
+            self.timed_out_hand.add_ranges(ids)
 
     def defer(self, src: int, msg: Message) -> bool:
         """Whether ``msg`` must wait for this rank to learn of a failure (keeping order per sender)."""
+        st = self.st
         if self.deferred and any(s == src for s, _ in self.deferred):
             self.deferred.append((src, msg))
             return True
         waiting = False
         if isinstance(msg, Holding):
-            waiting = not set(msg.failed) <= self.failed
-        elif isinstance(msg, Report) and not msg.orphan and msg.epoch == self.epoch:
-            d = self.server
+            waiting = not set(msg.failed) <= st.failed
+        elif isinstance(msg, Report) and not msg.orphan and msg.epoch == st.epoch:
+            d = st.server
             waiting = d is None or src not in d.children
         if waiting:
             self.deferred.append((src, msg))
@@ -196,45 +213,46 @@ class Failures(StationCore):
 
     def left_the_loop(self) -> bool:
         """Whether this rank claims no more: its loop left early and it serves nobody (or its region left)."""
-        d, w = self.server, self.worker
+        d, w = self.st.server, self.st.worker
         if isinstance(d, Region):
             return d.gone
         return d is None and w is not None and w.state is State.LEFT
 
     def on_holding(self, src: int, msg: Holding) -> list[Effect]:
         """A survivor whose parent died says what it holds (this rank reconciles, or is its new parent)."""
+        st = self.st
         if msg.ask:
-            lost = tuple((x, r.ranges()) for x, r in self.lost_via.items())
-            return [Send(src, Holding(self.holding(sent=False).ranges(), tuple(sorted(self.failed)), token=msg.token,
-                                      lost=lost, sent=self.sent().ranges()))]
+            lost = tuple((x, r.ranges()) for x, r in self.delivery.lost_via.items())
+            return [Send(src, Holding(self.holding(sent=False).ranges(), tuple(sorted(st.failed)), token=msg.token,
+                                      lost=lost, sent=self.delivery.sent().ranges()))]
         held = RangeSet(msg.held)
-        d = self.server
+        d = st.server
         if d is None:
             return []
         path: int | None = src
-        while path is not None and path not in d.children and path != self.rank:
-            path = self.hierarchy[path].parent
-        if path is not None and path != self.rank:
+        while path is not None and path not in d.children and path != st.rank:
+            path = st.hierarchy[path].parent
+        if path is not None and path != st.rank:
             d.attach(d.children[path], held)  # the child's subtree holds these now
             if msg.left and path == src:
                 d.child_left(d.children[src])  # (its leaving report went to the parent that died)
         outs: list[Effect] = []
         recon = self.recon
         if recon is not None and msg.token >= 0 and (src in recon.expected or src in recon.got):
-            if self.failed <= set(msg.failed):
+            if st.failed <= set(msg.failed):
                 recon.receive(src, held, msg.token, msg.lost, RangeSet(msg.sent))
             elif recon.asked.get(src) == msg.token:
                 # Written before the sender knew of a death this rank knows of: stale. It
                 # answers again once it knows (an ask waits until the failures it names are known).
                 recon.got.pop(src, None)
                 recon.expected.add(src)
-                outs.append(Send(src, Holding((), tuple(sorted(self.failed)), True, recon.token(src))))
-        return outs + self._finish_recon() + self.serve()
+                outs.append(Send(src, Holding((), tuple(sorted(st.failed)), True, recon.token(src))))
+        return outs + self._finish_recon() + st.serve()
 
     def on_mirror(self, msg: Mirror) -> list[Effect]:
         """The deputy: copy the master's commits (a full copy replaces what it had)."""
-        if isinstance(self.server, Master):  # a late copy from the master this rank replaced
-            self.server.ledger.commit(msg.done, msg.results)
+        if isinstance(self.st.server, Master):  # a late copy from the master this rank replaced
+            self.st.server.ledger.commit(msg.done, msg.results)
             return []
         if msg.full or self.mirror is None:
             self.mirror = Ledger(msg.total, width=msg.width)
@@ -251,104 +269,94 @@ class Failures(StationCore):
         if msg.mark >= 0:
             self.mirror_mark = msg.mark if msg.full else max(msg.mark, self.mirror_mark)
         self.mirror_failures.extend(msg.failures)
-        self.master_heard = self.clock()
         return []
 
     def loaded(self, event: CheckpointLoaded) -> list[Effect]:
         """A new master's ledger from the checkpoint file arrived: carry on taking over."""
-        if not self.loading:
+        st = self.st
+        if not st.loading:
             return []
-        self.loading = False
-        d = self.server
-        assert isinstance(d, Master) and self.ledger is not None
+        st.loading = False
+        d = st.server
+        assert isinstance(d, Master) and st.ledger is not None
         if event.ledger is not None:
-            self.ledger.merge(event.ledger)
-            d.count_timeouts(self.ledger.timeouts)  # (earlier runs' timeouts: deaths toward quarantine, suspects)
+            st.ledger.merge(event.ledger)
+            d.count_timeouts(st.ledger.timeouts)  # (earlier runs' timeouts: deaths toward quarantine, suspects)
         elif event.error:
-            self.failures.append(_record(self.rank, self.hierarchy, 0, f"checkpoint unusable: {event.error}",
-                                         self.rank, self.wall()))
-        return self._finish_recon() + self.serve()
+            self.failures.append(_record(st.rank, st.hierarchy, 0, f"checkpoint unusable: {event.error}",
+                                         st.rank, st.wall()))
+        return self._finish_recon() + st.serve()
 
     # -- the pieces -----------------------------------------------------------------------------
     def _take_over(self, old: Hierarchy, nh: Hierarchy, wall: float, how: str) -> tuple[set[int], list[Effect]]:
         """This rank is the new master: the ledger from the mirror (and the checkpoint); reconcile everything."""
+        st = self.st
         effects: list[Effect] = []
         ledger = self.mirror
         source = "deputy's copy"
         if ledger is None:
-            ledger = Ledger(self.total, width=self.width)
+            ledger = Ledger(st.total, width=st.width)
             source = "checkpoint"
         if not ledger.complete():
             # The copy may lack the last commits (a message lost with the master); the checkpoint
             # file may have them (the master writes it before releasing anyone).
-            self.loading = True
+            st.loading = True
             effects.append(LoadCheckpoint())
             if source != "checkpoint":
                 source = "deputy's copy + checkpoint"
-        self.ledger = ledger
+        st.ledger = ledger
         # Ids at or above the master's mark were never handed out: nobody can hold them, and
         # the new master hands them out on its next tick (Station.tick) while the survivors say
         # what they hold of the rest. Without the deputy's copy, nothing is known to be free.
-        self.mark = self.mirror_mark if self.mirror is not None and self.mirror_mark >= 0 else self.total
-        self.free = RangeSet(ledger.to_hand_out().within(self.mark, self.total))
+        self.mark = self.mirror_mark if self.mirror is not None and self.mirror_mark >= 0 else st.total
+        self.free = RangeSet(ledger.to_hand_out().within(self.mark, st.total))
         self.mirror = None
         self.failures = self.mirror_failures + self.failures  # recoveries the dead master had recorded
-        record = replace(_record(old.master, old, len(ledger.remaining()), how, self.rank, wall), ledger_from=source,
+        record = replace(_record(old.master, old, len(ledger.remaining()), how, st.rank, wall), ledger_from=source,
                          free=len(self.free))
-        self.planner = None  # the new master keeps the plan it finds
+        st.planner = None  # the new master keeps the plan it finds
         if ledger.complete() and self.recon is None:
             # The job was over (the old master copies its last commits here before releasing
             # anyone): nothing to reconcile; ranks already released will not ask again.
-            self.job_over = True
+            st.job_over = True
             self.failures.append(record.closed(0, (), wall))
             return set(), effects
-        recon = self.recon or Reconciliation(now=self.clock())
+        recon = self.recon or Reconciliation(now=st.clock())
         recon.everything = True
         self.recon = recon
-        return recon.add_dead(RangeSet(), expected(old.master, old, self.failed) - {self.rank}, record), effects
-
-    def _after_take_over(self) -> list[Effect]:
-        """This rank is the new master (its roles laid out): what its predecessor left half done."""
-        d = self.server
-        assert isinstance(d, Master) and self.ledger is not None
-        outs: list[Effect] = []
-        for rank, ids in self.timeout_notes:  # tasks that ran past their limit, told to the deputy
-            outs += self.note_timeout(rank, ids)
-        self.timeout_notes = []
-        if self.pending_release is not None and self.released is None:
-            # The old master was releasing everyone when it died: the job is over; finish that.
-            self.job_over = True
-            outs += self.release_for_dead_master()
-        return outs
+        return recon.add_dead(RangeSet(), expected(old.master, old, st.failed) - {st.rank}, record), effects
 
     def _relayout(self, nh: Hierarchy) -> list[Effect]:
         """Give this rank the roles ``nh`` says, keeping every id it holds; return the effects."""
+        st = self.st
         outs: list[Effect] = []
-        old_d = self.server
-        self.hierarchy = nh
-        self.info = info = nh[self.rank]
-        w = self.worker
+        old_d = st.server
+        st.hierarchy = nh
+        st.info = info = nh[st.rank]
+        w = st.worker
         weights = {c: nh[c].weight for c in info.children}
         if w is not None and (info.children or info.role is Role.MASTER):
-            weights[self.rank] = 1
-        c = self.config
+            weights[st.rank] = 1
+        c = st.config
         d: Server | None = old_d
-        now = self.clock()
+        now = st.clock()
         if info.role is Role.MASTER and not isinstance(old_d, Master):
-            assert self.ledger is not None
+            assert st.ledger is not None
             if old_d is not None:
                 old_d.close_boards(0, now)  # (its boards stay; the master's serve the same children)
-            d = Master(nh, self.rank, {}, self.clock, self.boards, self.sizing, self.ledger,
-                       c.task_retries if c.on_task_error == "retry" else 0, self.ft, self.epoch)
+            d = Master(nh, st.rank, {}, st.clock, st.boards, st.sizing, st.ledger,
+                       c.task_retries if c.on_task_error == "retry" else 0, st.ft, st.epoch)
             d.queue = RangeSet()  # nothing below the mark is handed out before the reconciliation says what is free
-            self._absorb(old_d, d)
+            if isinstance(old_d, Region):
+                d.absorb(old_d)  # (its queue, children and buffered completions come along)
+                st.retire_server()
             d.published_top = self.mark  # (the ids above it, self.free, go out on the next tick: see Station.tick)
-            d.count_timeouts(self.ledger.timeouts)
+            d.count_timeouts(st.ledger.timeouts)
             d.deaths.raise_to(self.mirror_deaths)  # (counted by the master that died)
         elif info.role is Role.REGION and old_d is None:
             assert info.parent is not None
-            d = Region(nh, self.rank, {}, self.clock, self.boards, self.sizing, info.parent, c.batch, c.batch_age,
-                       self.epoch)
+            d = Region(nh, st.rank, {}, st.clock, st.boards, st.sizing, info.parent, c.batch, c.batch_age,
+                       st.epoch)
         elif isinstance(d, Region) and info.role is Role.REGION:
             assert info.parent is not None
             d.reparent(info.parent)  # the want went to a dead parent: claim from the new one
@@ -358,12 +366,12 @@ class Failures(StationCore):
             d.close_boards(0, now)
             returned = d.queue.copy()
             returned.add_ranges(d.up_returned.ranges())
-            own = d.children.get(self.rank)
+            own = d.children.get(st.rank)
             if own is not None:
                 returned.remove_ranges(own.held.ranges())  # still this rank's own worker's
             outs.append(Send(info.parent, Report(d.up_done.ranges(), tuple(d.up_results), returned.ranges(),
-                                                 tuple(d.up_failed), epoch=self.epoch, task_max=d.task_max)))
-            self.retire_server()
+                                                 tuple(d.up_failed), epoch=st.epoch, task_max=d.task_max)))
+            st.retire_server()
             d = None
         if d is not None:
             d.quarantine = c.quarantine
@@ -374,55 +382,22 @@ class Failures(StationCore):
                 if r in d.children:
                     d.set_weight(r, wt)
                 else:
-                    kind = UPPER if r != self.rank and nh[r].children else LEAF
+                    kind = UPPER if r != st.rank and nh[r].children else LEAF
                     child = d.adopt_child(r, wt, kind)
-                    if r == self.rank and w is not None:
+                    if r == st.rank and w is not None:
                         d.attach(child, w.holding())  # this rank's own loop is now served here
                         if w.state is State.LEFT:
                             d.child_left(child)  # (it left while it was someone else's child)
-            self.leave_out(d)
+            st.leave_out(d)
             if isinstance(d, Region):
                 d.relaid(info.weight)
-        self.server = d
+        st.server = d
         if w is None:
             return outs
-        parent = self.rank if d is not None else info.parent
+        parent = st.rank if d is not None else info.parent
         assert parent is not None
-        w.reparent(parent, self.boards.slots(LEAF), self.epoch)
+        w.reparent(parent, st.boards.slots(LEAF), st.epoch)
         return outs
-
-    def _absorb(self, old: Server | None, new: Master) -> None:
-        """A region-master becoming master: its queue, children and buffered completions come along."""
-        if not isinstance(old, Region):
-            return
-        new.queue = old.queue
-        new.queue.add_ranges(old.published().ranges())  # (its boards were closed: taken back)
-        for r, ch in old.children.items():
-            child = new.adopt_child(r, ch.weight, ch.kind)
-            child.held = ch.held
-            child.heard = ch.heard
-            if ch.left and not child.left:
-                child.left = True
-                new._gone(child)
-        new.held_total = sum(len(ch.held) for ch in new.children.values())
-        # (Not its `settled`: what it passed up went to the master that died; the ledger decides now.)
-        new.task_max, new.deaths, new.task_mean = old.task_max, old.deaths, old.task_mean
-        if old.up_done:
-            new.ledger.commit(old.up_done.ranges(), old.up_results)
-        for f in old.up_failed:
-            new.task_failed(f)
-        new.take_back(old.up_returned.ranges())
-        for r, taken in old.strangers.items():
-            new.strangers[r] = taken
-            new.held_total += len(taken)
-        self.retire_server()
-
-    def sent(self) -> RangeSet:
-        """Completions this rank sent to parents still alive (they may be in flight)."""
-        out = RangeSet()
-        for ranges in (self.sent_done or {}).values():
-            out.add_ranges(ranges.ranges())
-        return out
 
     @property
     def held_ids(self) -> RangeSet:
@@ -432,7 +407,7 @@ class Failures(StationCore):
     def holding(self, sent: bool = True) -> RangeSet:
         """Every id this rank and its subtree hold, for a Holding (``sent``: and :meth:`sent`)."""
         held = RangeSet()
-        w, d = self.worker, self.server
+        w, d = self.st.worker, self.st.server
         if w is not None:
             held.add_ranges(w.holding().ranges())
         if d is not None:
@@ -450,15 +425,16 @@ class Failures(StationCore):
         if self.recon is not None:
             held.add_ranges(self.recon.held.ranges())
         if sent:
-            held.add_ranges(self.sent().ranges())
+            held.add_ranges(self.delivery.sent().ranges())
         return held
 
     def _finish_recon(self) -> list[Effect]:
         """Every expected Holding is in (and the ledger loaded): requeue what nobody holds."""
-        recon, d = self.recon, self.server
-        if recon is None or not recon.complete or d is None or self.loading:
+        st = self.st
+        recon, d = self.recon, st.server
+        if recon is None or not recon.complete or d is None or st.loading:
             return []
-        d.scan(self.clock())
+        d.scan(st.clock())
         if recon.everything:
             assert isinstance(d, Master)
             question = d.ledger.remaining()
@@ -478,7 +454,7 @@ class Failures(StationCore):
                 question.remove_ranges(d.ledger.committed.ranges())
         lost = recon.lost(question, d.settled, self.lost_seen)
         last = recon.records[-1] if recon.records else None
-        where = (last.rank, self.hosts[last.rank] if last.rank < len(self.hosts) else "", last.how) if last else (-1, "", "")
+        where = (last.rank, st.hosts[last.rank] if last.rank < len(st.hosts) else "", last.how) if last else (-1, "", "")
         # A dead master's queue was never in flight: its ids count no death toward quarantine.
         if recon.everything and self.mirror_hand:
             # What the dead master's own loop held was in flight (its task may have killed it):
@@ -502,18 +478,18 @@ class Failures(StationCore):
         n0, q0 = d.requeue_lost(judged, *where, count=False, judge=True) if judged else (0, [])
         n, quarantined = d.requeue_lost(lost, *where, count=not recon.everything, in_flight=False)
         n, quarantined = n + n0, q0 + quarantined
-        wall = self.wall()
+        wall = st.wall()
         for record in recon.records:
             self.failures.append(record.closed(n, tuple(quarantined), wall, since=recon.last_death))
             n, quarantined = 0, []  # counted once, on the first record
         self.recon = None
         d.reconciling = False
-        return self.serve()
+        return st.serve()
 
     def _mirror_full(self, dep: int | None) -> list[Effect]:
         """The master: (re)start the deputy's copy with the whole ledger."""
         self.mirror_to = dep if dep is not None else -1
-        d = self.server
+        d = self.st.server
         assert isinstance(d, Master)
         d.mirror_done, d.mirror_results, d.mirror_failed = RangeSet(), [], []
         if dep is None:
@@ -549,35 +525,31 @@ class Failures(StationCore):
         """The master's death counts, for the deputy (as ranges per count: a few, whatever the ids held)."""
         return d.deaths.ranges()
 
-    def final_checkpoint(self) -> list[Effect]:
-        """Everything is committed: under fault tolerance the deputy gets the last commits before the
-        checkpoint is written and anyone is released, so a master dying now leaves a complete ledger."""
-        return (self.mirror_out(force=True) if self.ft else []) + super().final_checkpoint()
-
     def mirror_out(self, force: bool = False) -> list[Effect]:
         """The master: send the deputy what was committed since the last copy (batched), or a heartbeat."""
-        d = self.server
+        st = self.st
+        d = st.server
         if not isinstance(d, Master) or not d.mirror:
             return []
-        now = self.clock()
+        now = st.clock()
         if self.mirror_to is None:
             self.mirror_sent = now
-            return self._mirror_full(deputy(self.hierarchy))
+            return self._mirror_full(deputy(st.hierarchy))
         if self.mirror_to < 0:  # one process: nobody to copy to
             d.mirror_done, d.mirror_results, d.mirror_failed, d.mirror_timeouts = RangeSet(), [], [], {}
-            self.mark_safe()
+            self.delivery.mark_safe()
             return []
-        w = self.worker
+        w = st.worker
         hand = w.holding().ranges()[:64] if w is not None else ()
         moved = hand != self.hand_sent
         marked = self._move_mark(d)
         waiting = (len(d.mirror_done) + len(d.mirror_failed) + len(self.failures) - self.mirrored_failures
                    + len(d.mirror_timeouts) + int(moved) + int(marked))
         if not waiting:
-            if now - self.mirror_sent < self.config.lease / BEATS:
+            if now - self.mirror_sent < st.config.lease / BEATS:
                 return []
             self.mirror_sent = now  # a heartbeat: the deputy watches for the master's silence
-            self._copied()
+            self.delivery.copied()
             return [Send(self.mirror_to, Mirror((), (), d.ledger.total, d.ledger.width, mark=self.mark))]
         if waiting < MIRROR_BATCH and now - self.mirror_sent < MIRROR_AGE and not force and not moved and not marked:
             return []
@@ -589,11 +561,5 @@ class Failures(StationCore):
                      hand if moved else None, self.mark)
         self.hand_sent = hand
         d.mirror_done, d.mirror_results, d.mirror_failed, d.mirror_timeouts = RangeSet(), [], [], {}
-        self._copied()
+        self.delivery.copied()
         return [Send(self.mirror_to, msg)]
-
-    def _copied(self) -> None:
-        """A copy went to the deputy with every commit heard so far: the commits of the copy before
-        it (a copy's time ago: delivered, unless the master died at once) are safe."""
-        self.safe_seq.update(self.covered)
-        self.covered = dict(self.heard_seq)

@@ -26,7 +26,7 @@ from .events import (
 )
 from .ledger import Ledger
 from .messages import Gone, Message, Result, TaskFailure
-from .watch import GIVEN_UP
+from .recovery import GIVEN_UP
 from .master import Master
 from .station import Station
 
@@ -147,7 +147,7 @@ class Loop:
                     # again: all of them, a second into a job).
                     self.final_written = True
                     self.checkpoint_error = port.write_checkpoint(ledger, True) or self.checkpoint_error
-                port.retire(e.why, ledger if st.alone else None)
+                port.retire(e.why, ledger if st.watching.alone else None)
             elif kind is GiveUp:
                 assert isinstance(e, GiveUp)
                 then = ("the others carry on without it" if self.station.ft else

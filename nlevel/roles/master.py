@@ -13,6 +13,7 @@ from ..model.hierarchy import Hierarchy
 from ..ranges import RangeSet, Ranges
 from .ledger import Ledger
 from .messages import TEAM_DEATH, Report, Result, TaskFailure
+from .region import Region
 from .server import Boards, Child, Server, Sizing
 
 __all__ = ["Master"]
@@ -75,6 +76,30 @@ class Master(Server):
         for taken in old.strangers.values():
             carried.add_ranges(taken.ranges())
         self.carried = carried
+
+    def absorb(self, old: Region) -> None:
+        """This rank, a region-master until now, is the new master: its region's queue, children,
+        stranger claims and buffered completions come along whole (its boards were closed)."""
+        self.queue = old.queue
+        self.queue.add_ranges(old.published().ranges())  # (its boards were closed: taken back)
+        for r, ch in old.children.items():
+            child = self.adopt_child(r, ch.weight, ch.kind)
+            child.held = ch.held
+            child.heard = ch.heard
+            if ch.left and not child.left:
+                child.left = True
+                self._gone(child)
+        self.held_total = sum(len(ch.held) for ch in self.children.values())
+        # (Not its `settled`: what it passed up went to the master that died; the ledger decides now.)
+        self.task_max, self.deaths, self.task_mean = old.task_max, old.deaths, old.task_mean
+        if old.up_done:
+            self.ledger.commit(old.up_done.ranges(), old.up_results)
+        for f in old.up_failed:
+            self.task_failed(f)
+        self.take_back(old.up_returned.ranges())
+        for r, taken in old.strangers.items():
+            self.strangers[r] = taken
+            self.held_total += len(taken)
 
     def gss_pool(self) -> int:
         """What is left to publish: the master's queue is every id not yet handed out.

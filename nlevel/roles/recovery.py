@@ -17,6 +17,8 @@ its lowest survivor). Then, per rank:
 * The master's ledger survives on a deputy (the lowest surviving rank after the
   master), which gets a copy of every commit; the deputy is also the next master.
   If both die at once, the new master starts from the checkpoint file.
+* Who watches whom (:func:`watchers`, :func:`beat_period`): the rules the liveness
+  sub-machine (:mod:`nlevel.roles.watch`) applies.
 
 An id is requeued only when no survivor holds it, so it runs twice only if it was
 in flight at a process that died. Pure Python, no MPI.
@@ -28,7 +30,36 @@ from ..model.hierarchy import Hierarchy, Role
 from ..ranges import RangeSet, Ranges
 from .messages import FailureRecord
 
-__all__ = ["expected", "reconciler", "deputy", "successors", "Reconciliation"]
+__all__ = ["expected", "reconciler", "deputy", "successors", "watchers", "beat_period", "Reconciliation",
+           "WATCHERS", "BEATS", "WATCH_PERIOD", "GIVEN_UP"]
+
+#: How many ranks watch the master (the deputy first; the second judges after two leases).
+WATCHERS = 2
+#: Beats per lease: a rank is taken for hung only after this many beats in a row went missing.
+BEATS = 5
+#: Seconds between two looks at whether watched processes still exist (see
+#: :meth:`~nlevel.roles.watch.Watching.watch`).
+WATCH_PERIOD = 0.05
+#: How a rank that could not be killed is recorded (the start of its failure's ``how``): without
+#: fault tolerance the master stops the job when it hears of one (see
+#: :meth:`~nlevel.roles.watch.Watching.unkillable`).
+GIVEN_UP = "given up"
+
+
+def beat_period(lease: float) -> float:
+    """Seconds between two beats of a rank (see :data:`BEATS`)."""
+    return lease / BEATS
+
+
+def watchers(h: Hierarchy) -> list[int]:
+    """The ranks that watch the master: its first :data:`WATCHERS` survivors after it, the deputy first."""
+    out = []
+    for n in h.nodes:
+        if n.role is not Role.DEAD and n.rank != h.master:
+            out.append(n.rank)
+            if len(out) == WATCHERS:
+                break
+    return out
 
 
 def expected(dead: int, old: Hierarchy, failed: frozenset[int]) -> set[int]:

@@ -1,4 +1,4 @@
-"""How a :class:`~nlevel.roles.station.Station` moves a running job to another plan (epochs). Pure Python.
+"""How a rank moves a running job to another plan (epochs): one sub-machine of a :class:`~nlevel.roles.station.Station`. Pure Python.
 
 Under ``--levels auto`` the master switches the running job to another plan: it sends
 :class:`~nlevel.roles.messages.Regroup` to every rank and keeps every id handed out before
@@ -23,50 +23,64 @@ from ..model.hierarchy import build
 from ..model.plan import Plan
 from ..ranges import RangeSet
 from .board import CLOSED
-from .failures import Failures
 from .events import Effect, Send
-from .messages import Ack, Regroup, Report
+from .host import Host
+from .messages import Ack, Message, Regroup, Report
 from .master import Master
 from .region import Region
 
 __all__ = ["Replanning"]
 
 
-class Replanning(Failures):
-    """The plan-changing part of a station (on top of its failure handling)."""
+class Replanning:
+    """Plan changes on one rank: the master's switch, everyone's regroup, old children's acknowledgements."""
+
+    def __init__(self, st: Host) -> None:
+        self.st = st
+        self.unacked: dict[int, set[int]] = {}  # epoch -> old children not yet acknowledged
+        self.future: list[tuple[int, Message]] = []  # messages from a newer epoch than ours
+
+    def forget(self, dead: frozenset[int]) -> None:
+        """``dead`` died: they will never acknowledge a regroup."""
+        for epoch in list(self.unacked):
+            self.unacked[epoch] -= dead
+            if not self.unacked[epoch]:
+                del self.unacked[epoch]
 
     def switch(self, plan: Plan) -> list[Effect]:
         """The master: move the whole job to ``plan``; return the Regroup messages to send."""
-        old = self.server
-        assert isinstance(old, Master) and self.ledger is not None
-        if self.final_asked:
+        st = self.st
+        old = st.server
+        assert isinstance(old, Master) and st.ledger is not None
+        if st.final_asked:
             return []  # the job is over: nothing to move
-        now = self.clock()
+        now = st.clock()
         old.close_boards(CLOSED, now)
-        self.epoch += 1
-        self.unacked[self.epoch - 1] = {r for r in old.children if r != self.rank}
-        self.retire_server()
-        self.plans.append(plan)
-        out = (self.hierarchy.out | frozenset(self.drained)) - self.failed
-        self.lay_out(build(self.size, plan, self.failed, out, self.hierarchy.node_sizes))
-        new = self.server
+        st.epoch += 1
+        self.unacked[st.epoch - 1] = {r for r in old.children if r != st.rank}
+        st.retire_server()
+        st.plans.append(plan)
+        out = (st.hierarchy.out | frozenset(st.drained)) - st.failed
+        st.lay_out(build(st.size, plan, st.failed, out, st.hierarchy.node_sizes))
+        new = st.server
         assert isinstance(new, Master)
         new.take_job(old)  # (whole: a field left behind was a retry count or a copy owed to the deputy)
-        if not self.unacked[self.epoch - 1]:
-            del self.unacked[self.epoch - 1]
-        regroup = Regroup(self.epoch, plan, tuple(sorted(out)))
-        return [Send(r, regroup) for r in range(self.size) if r != self.rank and r not in self.failed]
+        if not self.unacked[st.epoch - 1]:
+            del self.unacked[st.epoch - 1]
+        regroup = Regroup(st.epoch, plan, tuple(sorted(out)))
+        return [Send(r, regroup) for r in range(st.size) if r != st.rank and r not in st.failed]
 
     def regroup(self, msg: Regroup) -> list[Effect]:
         """Any rank but the master: switch to the master's new plan; return the effects."""
-        if msg.epoch <= self.epoch:
+        st = self.st
+        if msg.epoch <= st.epoch:
             return []
         outs: list[Effect] = []
-        old_parent = self.info.parent
-        master = self.hierarchy.master
-        d = self.server
+        old_parent = st.info.parent
+        master = st.hierarchy.master
+        d = st.server
         if isinstance(d, Region):
-            d.close_boards(CLOSED, self.clock())
+            d.close_boards(CLOSED, st.clock())
             returned = d.queue.copy()
             returned.add_ranges(d.up_returned.ranges())
             if d.up_done or returned or d.up_failed or d.up_tasks:
@@ -74,31 +88,31 @@ class Replanning(Failures):
                                                 tuple(d.up_failed), epoch=msg.epoch,
                                                 orphan=True, tasks=d.up_tasks, busy=d.up_busy,
                                                 task_max=d.task_max)))
-            waiting = {r for r, c in d.children.items() if r != self.rank and not (c.left and not c.held)}
+            waiting = {r for r, c in d.children.items() if r != st.rank and not (c.left and not c.held)}
             if waiting:
-                self.unacked[self.epoch] = waiting
-            self.retire_server()
-        w = self.worker
+                self.unacked[st.epoch] = waiting
+            st.retire_server()
+        w = st.worker
         if w is not None and (w.done or w.failed):
-            report = w.report(self.clock())
+            report = w.report(st.clock())
             outs.append(Send(master, Report(report.done, report.results, (), report.failed, epoch=msg.epoch,
                                             orphan=True, tasks=report.tasks, busy=report.busy,
                                             task_max=report.task_max)))
-        self.epoch = msg.epoch
-        self.plans.append(msg.plan)
-        if self.rank in msg.out:
-            self.drain_requested = True  # (its Drain came first; this holds whatever the order)
-        self.lay_out(build(self.size, msg.plan, self.failed, frozenset(msg.out), self.hierarchy.node_sizes))
-        if old_parent is not None and old_parent not in self.failed:
+        st.epoch = msg.epoch
+        st.plans.append(msg.plan)
+        if st.rank in msg.out:
+            st.drain_requested = True  # (its Drain came first; this holds whatever the order)
+        st.lay_out(build(st.size, msg.plan, st.failed, frozenset(msg.out), st.hierarchy.node_sizes))
+        if old_parent is not None and old_parent not in st.failed:
             outs.append(Send(old_parent, Ack(msg.epoch)))
         future, self.future = self.future, []
         for src, m in future:
-            outs += self.receive(src, m)
-        return outs + self.serve()
+            outs += st.receive(src, m)
+        return outs + st.serve()
 
     def ack(self, src: int, msg: Ack) -> list[Effect]:
         """An old child switched: stop waiting for it."""
-        if msg.epoch > self.epoch:
+        if msg.epoch > self.st.epoch:
             self.future.append((src, msg))  # a child switched before we did: count it after we switch
             return []
         waiting = self.unacked.get(msg.epoch - 1)
@@ -111,7 +125,7 @@ class Replanning(Failures):
     def held_below(self) -> RangeSet:
         """Ids this rank's children hold (for a switch's carried set)."""
         out = RangeSet()
-        if self.server is not None:
-            for c in self.server.children.values():
+        if self.st.server is not None:
+            for c in self.st.server.children.values():
                 out.add_ranges(c.held.ranges())
         return out

@@ -1,10 +1,25 @@
 """One rank's roles as one state machine: :meth:`Station.handle` takes an event, returns effects. Pure Python.
 
-The MPI runtime, the simulator and the tests all drive ranks through this class (with
-the loop of :mod:`nlevel.roles.loop`), so they run the same logic. Events and effects
-are in :mod:`nlevel.roles.events`; the roles it wires together are the server
-(:mod:`nlevel.roles.server`) and the worker (:mod:`nlevel.roles.worker`); failures are
-handled by :mod:`nlevel.roles.failures`, plan changes by :mod:`nlevel.roles.replan`.
+The MPI runtime, the simulator and the tests' in-process network all drive ranks through
+this class (with the loop of :mod:`nlevel.roles.loop`), so they run the same logic. Events
+and effects are in :mod:`nlevel.roles.events`.
+
+A station is composed of sub-machines, each owning its state, none inheriting from another:
+
+* the **server** (:class:`~nlevel.roles.master.Master` or :class:`~nlevel.roles.region.Region`),
+  if this rank serves, and the **worker** (:class:`~nlevel.roles.worker.Worker`) if it computes;
+* :class:`~nlevel.roles.delivery.Delivery`: reports up the tree, and when they are safe;
+* :class:`~nlevel.roles.failures.Recovery`: deaths, reconciliations, take-overs, the deputy's copy;
+* :class:`~nlevel.roles.watch.Watching`: heartbeats, leases, kills, task time limits;
+* :class:`~nlevel.roles.ending.Closing`: the end of the job and the release;
+* :class:`~nlevel.roles.replan.Replanning`: moving the running job to another plan;
+* the **planner** (:class:`~nlevel.roles.autoplan.AutoPlanner`), on the master under ``--levels auto``.
+
+The station itself holds what they all read (this rank, the plan laid out, the ranks known
+dead, the settings, the clocks), routes each event to the sub-machine that owns it, and
+runs the server's and the worker's steps. The sub-machines reach each other through it
+(``self.st``); nothing outside reaches them but through :meth:`Station.handle`, and reads
+of their state (the runtime's report, the tests).
 
 The user's loop talks to it through three events: :class:`~nlevel.roles.events.Ran`
 (these tasks finished), :class:`~nlevel.roles.events.NeedIds` (put the next range in
@@ -14,26 +29,37 @@ servers' and the runtime's: messages, ticks, deaths, the operator's requests.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
-from typing import Final
+from typing import Any, Callable, Final
 
+from ..config import Config
+from ..model.hierarchy import Hierarchy, Role
+from ..model.plan import Plan
 from ..ranges import RangeSet
+from ..stats import Timeline
+from .autoplan import AutoPlanner
+from .board import FINAL
+from .delivery import Delivery
 from .ending import Closing
 from .events import (
-    Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Leave, Log, NeedIds, Overran,
-    Ran, Received, ReleaseJob, ReportDone, Send, Served, Stop, Tick, UserError,
+    Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Kill, Leave, Log, NeedIds,
+    Overran, Ran, Received, ReleaseJob, ReportDone, Send, Served, Stop, Tick, UserError, WriteCheckpoint,
 )
+from .failures import Recovery
+from .ledger import Ledger
+from .master import Master
 from .messages import (
-    Ack, BoardOp, BoardReply, Drain, Ending, Gone, Halt, Heartbeat, Holding, KillRequest, Message, Mirror, Regroup,
-    Release, Report, Safe, TimedOut,
+    Ack, BoardOp, BoardReply, Drain, Ending, FailureRecord, Gone, Halt, Heartbeat, Holding, KillRequest, Message,
+    Mirror, Regroup, Release, Report, Safe, TimedOut,
 )
+from .region import Region
 from .replan import Replanning
 from .results import vet
-from .watch import GIVEN_UP, Watching
-from .master import Master
-from .region import Region
-from .server import LEAF
-from .worker import State
+from .server import LEAF, Boards, Server, Sizing
+from .recovery import GIVEN_UP
+from .watch import Watching
+from .worker import State, Worker
 
 __all__ = ["Station"]
 
@@ -41,8 +67,77 @@ __all__ = ["Station"]
 _ATTEMPTS: Final = 8
 
 
-class Station(Replanning, Closing, Watching):
-    """The state machines of one rank; see :class:`~nlevel.roles.core.StationCore` for the arguments."""
+class Station:
+    """The state machines of one rank, composed (see the module docstring).
+
+    Args:
+        hierarchy: The laid-out plan.
+        rank: This rank.
+        config: Settings.
+        clock: Returns seconds (monotonic).
+        boards: Where the boards are (an MPI window, or local memory).
+        total: The farm's number of tasks.
+        ledger: The completion record; required on the master.
+        width: Numbers per task result.
+        wall: Returns the wall-clock time (failure records).
+        hosts: Every rank's host name (failure records; may be empty).
+        setup_failed: Ranks that died while the farm was being set up (``hierarchy`` was
+            built without them); the master records them.
+        facts: Where this rank runs (``{"hosts": ...}``), for the run report.
+    """
+
+    def __init__(self, hierarchy: Hierarchy, rank: int, config: Config, clock: Callable[[], float], boards: Boards,
+                 total: int, ledger: Ledger | None = None, width: int = 1,
+                 wall: Callable[[], float] = time.time, hosts: tuple[str, ...] = (),
+                 setup_failed: frozenset[int] = frozenset(), facts: dict[str, Any] | None = None) -> None:
+        self.rank = rank
+        self.facts: dict[str, Any] = dict(facts or {})
+        self.total = total
+        self.width = width
+        self.size = hierarchy.size
+        self.config = config
+        self.ft = config.ft  # (read once: Config.ft looks at the environment)
+        self.clock = clock
+        self.wall = wall
+        self.boards = boards
+        self.ledger = ledger
+        self.hosts = hosts
+        self.sizing = Sizing(config.chunk, config.chunk_target, config.max_chunk, hierarchy.plan.prefetch,
+                             max(0.01, 4 * config.server_period), ids_per_proc=total / max(1, hierarchy.size))
+        self.epoch = 0
+        self.plans: list[Plan] = [hierarchy.plan]
+        self.failed: frozenset[int] = frozenset(setup_failed)  # ranks known dead (or given up)
+        self.served_before = 0  # ranges taken under earlier servers of this rank
+        self.timeline = Timeline()  # ranges taken here over time (the run report)
+        self.final_asked = False  # the master asked for the final checkpoint (the job is done)
+        self.final = False  # ... and raised FINAL on its boards
+        self.job_over = False  # a new master whose predecessor died while releasing: the job is over
+        self.loading = False  # a new master waits for its ledger from the checkpoint file
+        self.abandoned = False  # this rank gave itself up (its task hung, no fault tolerance)
+        self.drain_requested = False  # this rank is to leave the job (an operator's request)
+        self.drained: dict[int, float] = {}  # the master: ranks it asked to leave, and when
+        self.stop_reason = ""  # why the master stopped the job early: "SIGUSR1", "task timeout", "checkpoint", "lock"
+        # Errors in the user's program (see roles.events.UserError): this rank's own, told again to
+        # each new master; and the master's record of every rank's (rank -> the error), first one first.
+        self.erred = ""
+        self.user_errors: dict[int, str] = {}
+        self.planner: AutoPlanner | None = None
+        if rank == 0 and config.auto:
+            self.planner = AutoPlanner(self.size, config, hierarchy.plan, total, max(1, len(hierarchy.node_sizes)))
+        # The sub-machines, each given those below it (see nlevel.roles.host).
+        self.delivery = Delivery(self)
+        self.replanning = Replanning(self)
+        self.recovery = Recovery(self, self.delivery, self.replanning)
+        self.closing = Closing(self, self.recovery, self.replanning)
+        self.watching = Watching(self, self.recovery, self.closing)
+        self.worker: Worker | None = None
+        self.server: Server | None = None
+        self.lay_out(hierarchy)
+        if setup_failed and isinstance(self.server, Master):
+            now = wall()
+            for r in sorted(setup_failed):
+                self.recovery.failures.append(
+                    FailureRecord(r, "(set-up)", -1, "died while the farm was set up", rank, now, 0).closed(0, (), now))
 
     def handle(self, event: Event) -> list[Effect]:
         """Take one event; return what the runtime must do."""
@@ -54,7 +149,7 @@ class Station(Replanning, Closing, Watching):
             return self.receive(event.src, event.msg)
         if kind is Tick:
             assert isinstance(event, Tick)
-            self.own_running = event.running
+            self.watching.own_running = event.running
             return self.tick()
         if kind is NeedIds:
             assert isinstance(event, NeedIds)
@@ -79,12 +174,12 @@ class Station(Replanning, Closing, Watching):
             return self.drain(event)
         if kind is CheckpointLoaded:
             assert isinstance(event, CheckpointLoaded)
-            return self.loaded(event)
+            return self.recovery.loaded(event)
         if kind is ReleaseJob:
             assert isinstance(event, ReleaseJob)
-            return self.release(event.code, event.report, event.error, event.errno)
+            return self.closing.release(event.code, event.report, event.error, event.errno)
         if kind is ReportDone:
-            return self.release_deputy()
+            return self.closing.release_deputy()
         if kind is Served:
             assert isinstance(event, Served)
             if self.planner is not None:
@@ -92,7 +187,7 @@ class Station(Replanning, Closing, Watching):
             return []
         if kind is Overran:
             assert isinstance(event, Overran)
-            return self.overran(event.task, event.seconds)
+            return self.watching.overran(event.task, event.seconds)
         if kind is CheckpointWritten:
             assert isinstance(event, CheckpointWritten)
             return self.finish_job() if event.final else []
@@ -111,7 +206,20 @@ class Station(Replanning, Closing, Watching):
         """Whether this rank's user loop is over (no id will come, it left, or the master released it:
         a leaf that sent its Ending early may be released before it reads FINAL)."""
         w = self.worker
-        return w is None or w.state in (State.END, State.LEFT) or self.released is not None
+        return w is None or w.state in (State.END, State.LEFT) or self.closing.released is not None
+
+    def fail(self, ranks: tuple[int, ...], how: str = "ulfm", tell: bool = False) -> list[Effect]:
+        """``ranks`` are dead (``tell``: this rank found out by itself, see :meth:`Recovery.fail`)."""
+        self.closing.forget(frozenset(ranks) - self.failed)  # (before the deferred messages are read again)
+        return self.recovery.fail(ranks, how, tell)
+
+    def took_over(self) -> list[Effect]:
+        """This rank is the new master (its roles laid out): what its predecessor left half done."""
+        outs: list[Effect] = []
+        notes, self.recovery.timeout_notes = self.recovery.timeout_notes, []
+        for rank, ids in notes:  # tasks that ran past their limit, told to the deputy
+            outs += self.watching.note_timeout(rank, ids)
+        return outs + self.closing.release_for_dead_master()  # (if it died while releasing everyone)
 
     # -- messages ---------------------------------------------------------------------------
     def receive(self, src: int, msg: Message) -> list[Effect]:
@@ -131,31 +239,33 @@ class Station(Replanning, Closing, Watching):
 
     def _receive(self, src: int, msg: Message) -> list[Effect]:
         if isinstance(msg, Mirror):
-            return self.on_mirror(msg)  # (even from a master that died since: its commits stand)
+            outs = self.recovery.on_mirror(msg)  # (even from a master that died since: its commits stand)
+            self.watching.heard_master()  # (a copy is the master's beat to its deputy)
+            return outs
         if isinstance(msg, Gone):
-            if src in self.given_up and msg.how.startswith(GIVEN_UP):
+            if src in self.recovery.given_up and msg.how.startswith(GIVEN_UP):
                 # A rank given up may live on (its node thawed, its link mended) and give up others
                 # in turn: children that stopped beating to it only because it was given up.
                 return []
             return self.fail(msg.ranks, msg.how)  # (news from a rank that may have died since)
         if isinstance(msg, TimedOut):
-            return self.on_timed_out(msg)  # (sent by a rank just before it was killed)
+            return self.watching.on_timed_out(msg)  # (sent by a rank just before it was killed)
         if isinstance(msg, Halt):
             return self.user_error(msg.rank, msg.why, src)  # (the error stands, whatever became of its rank)
         if isinstance(msg, Safe):
-            return self.on_safe(src, msg.seq)  # (true even if its sender died since)
+            return self.delivery.on_safe(src, msg.seq)  # (true even if its sender died since)
         if src in self.failed:
             return []  # sent before it died; what it held is already back in a queue
         if isinstance(msg, Heartbeat):
-            return self.on_heartbeat(src, msg.running)
+            return self.watching.on_heartbeat(src, msg.running)
         if isinstance(msg, Ending):
-            if self.ft and self.defer(src, msg):
+            if self.ft and self.recovery.defer(src, msg):
                 return []  # (after the sender's reports set aside before it: one would drop it)
-            return self.on_ending(src, msg)
+            return self.closing.on_ending(src, msg)
         if isinstance(msg, Report):
-            self.endings.pop(src, None)  # (an early Ending no longer holds: the child sends another)
+            self.closing.endings.pop(src, None)  # (an early Ending no longer holds: the child sends another)
         if isinstance(msg, Release):
-            return self.on_release(msg)
+            return self.closing.on_release(msg)
         if isinstance(msg, BoardOp):
             return self._board_op(src, msg)
         if self.ft and isinstance(msg, Holding) and msg.ask and set(msg.failed) - self.failed - {self.rank}:
@@ -165,25 +275,23 @@ class Station(Replanning, Closing, Watching):
             # told some survivors 130-160 ms after the new master (8 ranks on 2 cores; they had its
             # question at 33-43 ms). (Recorded as "ulfm" should this rank be the one to record it.)
             return self.fail(msg.failed) + self._receive(src, msg)  # (fail() keeps only the news)
-        if self.ft and isinstance(msg, (Report, Holding)) and self.defer(src, msg):
+        if self.ft and isinstance(msg, (Report, Holding)) and self.recovery.defer(src, msg):
             return []
         if isinstance(msg, Holding):
-            return self.on_holding(src, msg)
+            return self.recovery.on_holding(src, msg)
         if isinstance(msg, KillRequest):
-            from .events import Kill
-
             return [Kill(msg.rank, msg.why)]
         if isinstance(msg, Drain):
             self.drain_requested = True
             return []
         if isinstance(msg, Regroup):
-            return self.regroup(msg)
+            return self.replanning.regroup(msg)
         if isinstance(msg, Ack):
-            return self.ack(src, msg)
+            return self.replanning.ack(src, msg)
         if isinstance(msg, Report):
             outs = self._report(src, msg)
             if self.ft:
-                outs += self.mirror_out()
+                outs += self.recovery.mirror_out()
             return outs
         raise TypeError(f"rank {self.rank} cannot handle {msg!r} from rank {src}")
 
@@ -191,7 +299,7 @@ class Station(Replanning, Closing, Watching):
         if msg.orphan or msg.epoch < self.epoch:
             return self.orphan(msg)
         if msg.epoch > self.epoch:
-            self.future.append((src, msg))  # its sender regrouped before we did
+            self.replanning.future.append((src, msg))  # its sender regrouped before we did
             return []
         d = self.server
         if d is None:
@@ -200,8 +308,7 @@ class Station(Replanning, Closing, Watching):
         if self.planner is not None and isinstance(d, Master) and msg.tasks:
             self.planner.on_tasks(msg.tasks, msg.busy, msg.busy_sq, msg.task_max, now)
         d.on_report(src, msg, now)
-        if msg.seq > self.heard_seq.get(src, 0):
-            self.heard_seq[src] = msg.seq
+        self.delivery.heard(src, msg.seq)
         return self.serve()
 
     def _board_op(self, src: int, op: BoardOp) -> list[Effect]:
@@ -222,24 +329,24 @@ class Station(Replanning, Closing, Watching):
         """Time-driven work: boards, batches, leases, the planner, the deputy's copy."""
         outs: list[Effect] = []
         d = self.server
-        if self.free and isinstance(d, Master):
+        if self.recovery.free and isinstance(d, Master):
             # A new master's ids above its predecessor's mark: out once its questions to the
             # survivors are (a survivor that finds ids first answers only after its range).
-            d.queue.add_ranges(self.free.ranges())
-            self.free = RangeSet()
+            d.queue.add_ranges(self.recovery.free.ranges())
+            self.recovery.free = RangeSet()
         if self.planner is not None and isinstance(d, Master) and not self.final_asked and not self.failed:
             ledger = d.ledger
             plan = self.planner.tick(self.clock(), ledger.n_committed / max(1, ledger.total), d)
             if plan is not None and plan.min_size() <= self.size:
-                outs += self.switch(plan)
+                outs += self.replanning.switch(plan)
         outs += self.serve(full=True)
         outs += self.worker_report()
-        outs += self.lease_kills()
+        outs += self.watching.lease_kills()
         if self.ft:
-            outs += self.mirror_out()
-        outs += self.heartbeats() + self.watch_master() + self.watch() + self.tell_safe()
-        outs += self.unkillable()
-        outs += self.closing()
+            outs += self.recovery.mirror_out()
+        outs += self.watching.heartbeats() + self.watching.watch_master() + self.watching.watch() + self.delivery.tell_safe()
+        outs += self.watching.unkillable()
+        outs += self.closing.step()
         return outs
 
     # -- the user's loop -------------------------------------------------------------------
@@ -289,10 +396,10 @@ class Station(Replanning, Closing, Watching):
         if self.hand is None and w.state is State.RUN:
             w.state = State.WAIT  # every claim lost its race: nothing to run until the next look
         if own and self.ft and self.hand is not None:
-            outs += self.mirror_out()  # the deputy learns what the master runs (its death counts toward quarantine)
+            outs += self.recovery.mirror_out()  # the deputy learns what the master runs (its death counts toward quarantine)
         outs += self.worker_report()
         if w.all_out and self.hand is None:
-            outs += self._early_ending()  # (right behind its last report: the end need not wait for its next look)
+            outs += self.closing.early_ending()  # (right behind its last report: the end need not wait for its next look)
             outs = _ride(outs, self.ft)
         return outs
 
@@ -304,7 +411,7 @@ class Station(Replanning, Closing, Watching):
         if w.state is State.END and not unstarted and not w.queue:
             w.state = State.LEFT
             return self.worker_report(force=True)
-        return self.report_up(w.leave(unstarted, self.clock()), w.parent)
+        return self.delivery.report_up(w.leave(unstarted, self.clock()), w.parent)
 
     # -- the master's controls ---------------------------------------------------------------
     def stop(self, reason: str = "SIGUSR1") -> list[Effect]:
@@ -408,6 +515,195 @@ class Station(Replanning, Closing, Watching):
     def is_region(self) -> bool:
         """Whether this rank is a region-master now."""
         return isinstance(self.server, Region)
+
+
+    # -- roles ----------------------------------------------------------------------------
+    def lay_out(self, hierarchy: Hierarchy) -> None:
+        """Build this rank's roles for ``hierarchy`` (a new plan), keeping the worker's queue and hand."""
+        self.hierarchy = hierarchy
+        self.info = info = hierarchy[self.rank]
+        c = self.config
+        weights = {r: hierarchy[r].weight for r in info.children}
+        if info.computes and (info.children or info.role is Role.MASTER):
+            weights[self.rank] = 1  # its own loop claims from its own leaf board
+        busy = self.server.busy_below if self.server is not None else 0.0  # (a running total across plans)
+        self.server = None
+        if info.role is Role.MASTER:
+            if self.ledger is None:
+                raise ValueError(f"rank {self.rank} (the master) needs the ledger")
+            self.server = Master(hierarchy, self.rank, weights, self.clock, self.boards, self.sizing, self.ledger,
+                                 c.task_retries if c.on_task_error == "retry" else 0, self.ft, self.epoch)
+        elif info.children:
+            assert info.parent is not None
+            self.server = Region(hierarchy, self.rank, weights, self.clock, self.boards, self.sizing, info.parent,
+                                 c.batch, c.batch_age, self.epoch)
+        if self.server is not None:
+            self.server.quarantine = c.quarantine
+            self.server.busy_below = busy
+            if isinstance(self.server, Master) and self.ledger is not None:
+                # Timeouts of earlier runs (without fault tolerance a hung task stops the job;
+                # the next run counts on).
+                self.server.count_timeouts(self.ledger.timeouts)
+            self.leave_out(self.server)
+        if not info.computes:
+            if info.role is Role.DRAINED and self.worker is not None and info.parent is not None:
+                # Drained: it claims nothing more, but what it still runs (it may not have left
+                # yet) is reported to its parent in this plan, the master, which holds it as gone.
+                self.worker.reparent(info.parent, self.boards.slots(LEAF), self.epoch)
+            return
+        parent = self.rank if self.server is not None else info.parent
+        assert parent is not None
+        slots = self.boards.slots(LEAF)
+        if self.worker is None:
+            self.worker = Worker(self.rank, parent, slots, c.report_every, c.report_age, self.clock)
+        self.worker.reparent(parent, slots, self.epoch)
+
+    def leave_out(self, server: Server) -> None:
+        """The drained ranks among ``server``'s children (see :func:`~nlevel.model.hierarchy.build`'s
+        ``out``) claim nothing: they count as gone from the start (their last reports still come)."""
+        h = self.hierarchy
+        for r, child in server.children.items():
+            if h[r].role is Role.DRAINED:
+                server.child_left(child)
+
+    @property
+    def serves_remote(self) -> bool:
+        """Whether other ranks take ids from this one, or old children must still be heard."""
+        return bool(self.info.children) or bool(self.replanning.unacked)
+
+    @property
+    def done_serving(self) -> bool:
+        """Whether the server side owes nobody anything more."""
+        if self.replanning.unacked:
+            return False
+        d = self.server
+        if d is None:
+            return True
+        if isinstance(d, Master):
+            return self.final or self.job_over
+        return d.finished
+
+    @property
+    def served(self) -> int:
+        """Ranges children took from this rank's boards, all epochs."""
+        return self.served_before + (self.server.served if self.server is not None else 0)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether this rank, as master, stopped the job early."""
+        return isinstance(self.server, Master) and self.server.stopped
+
+    # -- the server's and the worker's steps -----------------------------------------------
+    def orphan(self, report: Report) -> list[Effect]:
+        """Completions and returned ids from an older epoch (or a stray sender): to the master."""
+        if not (report.done or report.returned or report.failed):
+            return []
+        if isinstance(self.server, Master):
+            self.server.take_orphan(report, self.clock())
+            return self.serve()
+        from dataclasses import replace
+
+        return [Send(self.hierarchy.master, replace(report, epoch=self.epoch, orphan=True))]
+
+    def worker_report(self, force: bool = False) -> list[Effect]:
+        """The worker's batch of finished ids, if it is due (or ``force``)."""
+        w = self.worker
+        if w is None:
+            return []
+        now = self.clock()
+        if not (force and (w.done or w.failed or w.tasks)) and not w.report_due(now):
+            return []
+        return self.delivery.report_up(w.report(now), w.parent)
+
+    # -- the server's step -------------------------------------------------------------------
+    def serve(self, full: bool = False) -> list[Effect]:
+        """A server's work now: attribute claims (``full``: every published slot), refill, publish, forward, finish."""
+        d = self.server
+        if d is None:
+            return []
+        now = self.clock()
+        d.scan(now, full)
+        self.timeline.note(d.served, self.wall())
+        outs: list[Effect] = []
+        if isinstance(d, Region):
+            if d.everyone_left() and not d.gone:
+                return self.delivery.report_up(d.leave(now), d.parent)
+            d.refill(now)
+        if not self.final:
+            d.publish(now)
+        if isinstance(d, Region):
+            if d.flush_due(now):
+                outs += self.delivery.report_up(d.flush(), d.parent)
+            if d.exhausted and not self.final:
+                self.final = True
+                d.close_boards(FINAL, now)
+        elif isinstance(d, Master) and (d.exhausted or d.abandoned) and not self.final_asked and not self.loading:
+            self.final_asked = True  # the last checkpoint first; FINAL when it is on disk
+            outs += self.final_checkpoint()
+        return outs
+
+    def final_checkpoint(self) -> list[Effect]:
+        """The master: everything is committed. Under fault tolerance the deputy gets the last commits
+        before the checkpoint is written and anyone is released, so a master dying now leaves a
+        complete ledger."""
+        return (self.recovery.mirror_out(force=True) if self.ft else []) + [WriteCheckpoint(final=True)]
+
+    def finish_job(self) -> list[Effect]:
+        """The master's final checkpoint is written: release everyone (FINAL on the boards)."""
+        d = self.server
+        if isinstance(d, Master) and not self.final:
+            self.final = True
+            d.close_boards(FINAL, self.clock())
+            w = self.worker
+            if w is not None and w.parent == self.rank and w.hand is None and w.state is State.WAIT:
+                # Its own last report ended the job (the final checkpoint written while it
+                # asked): it reads the end now; nobody else tells it.
+                w.refill(self.boards(self.rank, LEAF), self.clock())
+        return []
+
+    def retire_server(self) -> None:
+        """This rank stops serving (plan change, or every child died): count what it served."""
+        d = self.server
+        if d is not None:
+            self.served_before += d.served
+            self.timeline.restart()
+
+    def worker_state(self) -> State | None:
+        """The worker's state (None: this rank does not compute)."""
+        return self.worker.state if self.worker is not None else None
+
+    def own_stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """This rank's (row, mergeable statistics) for the run report."""
+        info = self.info
+        w, d = self.worker, self.server
+        row: dict[str, Any] = {
+            "rank": self.rank,
+            "role": info.role.value,
+            "level": info.level,
+            "tasks": w.task_times.n if w is not None else 0,
+            "busy_s": w.task_times.total if w is not None else 0.0,
+            "served": self.served,
+        }
+        requests: dict[int, Any] = {}
+        if w is not None and w.claims is not None and w.claims.total.n and w.parent != self.rank:
+            requests[info.level] = w.claims  # its claims on its parent's board, one level up
+        elif w is not None and w.claims is not None and w.claims.total.n and info.level == 0:
+            requests[info.level + 1] = w.claims  # the master's own loop claims from its own board
+        if isinstance(d, Region) and d.requests.total.n:
+            requests.setdefault(info.level, d.requests)
+        merged: dict[str, Any] = {
+            "tasks": w.task_times if w is not None else None,
+            "requests": requests,
+            "unexpected": d.unexpected if d is not None else 0,
+            "failures": [f.to_dict() for f in self.recovery.failures],
+            "timeline": {self.rank: (self.timeline.width, dict(self.timeline.bins))} if self.timeline.bins else {},
+            **self.facts,
+        }
+        return row, merged
+
+    def report_dict(self) -> dict[str, Any]:
+        """A few facts for the run report's per-rank row."""
+        return {"epoch": self.epoch, "served": self.served}
 
 
 def _ride(outs: list[Effect], ft: bool) -> list[Effect]:

@@ -1,4 +1,4 @@
-"""Who watches whom: heartbeats and leases, and task time limits. Pure Python.
+"""Who watches whom: heartbeats and leases, and task time limits: one sub-machine of a :class:`~nlevel.roles.station.Station`. Pure Python.
 
 MPI reports a process that was killed, never one that hangs (SIGSTOP, a task that holds the
 GIL for ever) and never a task that runs too long. Liveness is a heartbeat, never inferred
@@ -33,59 +33,54 @@ from task times, so a task of any length never makes its process look hung:
 
 from __future__ import annotations
 
-from ..model.hierarchy import Hierarchy, Role
-from .core import StationCore
+from .ending import Closing
 from .events import Abandon, Effect, GiveUp, Kill, Send, Watch
+from .failures import Recovery
+from .host import Host
 from .master import Master
 from .messages import FailureRecord, Gone, Heartbeat, TimedOut
-from .recovery import deputy
+from .recovery import WATCH_PERIOD, beat_period, deputy, watchers
 
-__all__ = ["Watching", "WATCHERS", "BEATS", "WATCH_PERIOD", "GIVEN_UP", "beat_period", "watchers"]
+__all__ = ["Watching"]
 
-#: How many ranks watch the master (the deputy first; the second judges after two leases).
-WATCHERS = 2
-#: Beats per lease: a rank is taken for hung only after this many beats in a row went missing.
-BEATS = 5
-#: Seconds between two looks at whether watched processes still exist (see :meth:`Watching.watch`).
-WATCH_PERIOD = 0.05
-#: How a rank that could not be killed is recorded (the start of its failure's ``how``): without
-#: fault tolerance the master stops the job when it hears of one (see :meth:`Watching.unkillable`).
-GIVEN_UP = "given up"
+class Watching:
+    """Liveness on one rank: heartbeats, leases, the master's watchers, kills, task time limits."""
 
+    def __init__(self, st: Host, recovery: Recovery, closing: Closing) -> None:
+        self.st = st
+        self.recovery = recovery
+        self.closing = closing
+        now = st.clock()
+        self.heartbeat_sent = now  # (its parent heard it at the start: the first beat is one period on)
+        self.own_running = 0.0  # seconds its user loop has spent in the task it runs now (see Tick)
+        self.master_watched: int | None = None  # the master this rank watches now
+        self.master_heard = now  # a watcher: when the master was last heard (it heartbeats)
+        self.watched_at = 0.0  # when this rank last looked at the master's silence
+        self.looked_at = -1e300  # when it last had the runtime look for processes that exited
+        self.leases_checked = -1e300  # when it last looked for children silent for a lease
+        self.killing: dict[int, tuple[float, str]] = {}  # ranks this one had killed: (since when, why), until dead
+        self.kills_checked = 0.0  # when `killing` was last looked at
+        self.overran_tasks: set[int] = set()  # this rank's own tasks past --task-timeout, told once
 
-def beat_period(lease: float) -> float:
-    """Seconds between two beats of a rank (see :data:`BEATS`)."""
-    return lease / BEATS
-
-
-def watchers(h: Hierarchy) -> list[int]:
-    """The ranks that watch the master: its first :data:`WATCHERS` survivors after it, the deputy first."""
-    out = []
-    for n in h.nodes:
-        if n.role is not Role.DEAD and n.rank != h.master:
-            out.append(n.rank)
-            if len(out) == WATCHERS:
-                break
-    return out
-
-
-class Watching(StationCore):
-    """The watching part of a station: leases, the master's watchers, task time limits."""
+    def heard_master(self) -> None:
+        """The master was heard from (its copy to the deputy counts as a beat)."""
+        self.master_heard = self.st.clock()
 
     # -- heartbeats --------------------------------------------------------------------------
     def heartbeats(self) -> list[Effect]:
         """Every beat: a Heartbeat to this rank's parent; the master's to its watchers (the deputy
         has the master's Mirror copies under fault tolerance)."""
-        now = self.clock()
-        if now - self.heartbeat_sent < beat_period(self.config.lease) or self.released is not None:
+        st = self.st
+        now = st.clock()
+        if now - self.heartbeat_sent < beat_period(st.config.lease) or self.closing.released is not None:
             return []
         self.heartbeat_sent = now
-        beat = Heartbeat(self.epoch, self.running_now(now))
-        if isinstance(self.server, Master):
-            dep = deputy(self.hierarchy) if self.ft else None
-            return [Send(r, beat) for r in watchers(self.hierarchy) if r != dep and r not in self.failed]
-        parent = self.info.parent
-        if parent is None or parent in self.failed:
+        beat = Heartbeat(st.epoch, self.running_now(now))
+        if isinstance(st.server, Master):
+            dep = deputy(st.hierarchy) if st.ft else None
+            return [Send(r, beat) for r in watchers(st.hierarchy) if r != dep and r not in st.failed]
+        parent = st.info.parent
+        if parent is None or parent in st.failed:
             return []
         return [Send(parent, beat)]
 
@@ -93,47 +88,49 @@ class Watching(StationCore):
         """Seconds this rank and its subtree have spent in tasks still running (as last heard from each):
         busy time that no report has brought up yet (the progress line's measured overhead)."""
         total = self.own_running
-        d = self.server
+        d = self.st.server
         if d is not None:
             for child in d.children.values():
-                if child.running > 0.0 and child.rank != self.rank:
+                if child.running > 0.0 and child.rank != self.st.rank:
                     total += child.running + (now - child.running_at)
         return total
 
     def on_heartbeat(self, src: int, running: float = 0.0) -> list[Effect]:
         """Rank ``src`` is alive: a child (its lease starts again), or the master this rank watches.
         ``running``: its subtree's seconds in tasks still running."""
-        now = self.clock()
-        d = self.server
+        st = self.st
+        now = st.clock()
+        d = st.server
         if d is not None:
             child = d.children.get(src)
             if child is not None:
                 child.heard = now
                 child.running, child.running_at = running, now
-        if src == self.hierarchy.master:
+        if src == st.hierarchy.master:
             self.master_heard = now
         return []
 
     def watch_master(self) -> list[Effect]:
         """A watcher: a master silent past its lease is hung: have it killed (once per lease)."""
-        h = self.hierarchy
-        if isinstance(self.server, Master) or self.rank not in watchers(h):
-            self.watching = None
+        st = self.st
+        h = st.hierarchy
+        if isinstance(st.server, Master) or st.rank not in watchers(h):
+            self.master_watched = None
             return []
-        now = self.clock()
-        if self.watching != h.master:
-            self.watching = h.master  # a new master (or a new watcher): its lease starts now
+        now = st.clock()
+        if self.master_watched != h.master:
+            self.master_watched = h.master  # a new master (or a new watcher): its lease starts now
             self.master_heard = now
             self.watched_at = now
             return []
-        if now - self.watched_at > self.config.lease / 2:
+        if now - self.watched_at > st.config.lease / 2:
             # (this rank did not run for half a lease: the master's beats may be waiting to be read)
-            self.master_heard = max(self.master_heard, now - self.config.lease / 2)
+            self.master_heard = max(self.master_heard, now - st.config.lease / 2)
         self.watched_at = now
-        lease = self.config.lease
-        if self.rank != deputy(h):
+        lease = st.config.lease
+        if st.rank != deputy(h):
             lease *= 2  # (the deputy judges first; this one only when the deputy cannot)
-        if self.pending_release is not None:
+        if self.closing.pending_release is not None:
             # The master is releasing the job (its last checkpoint written) and may be writing its
             # report while nothing steps its loop: killed now, the job would end without its report
             # (or with the deputy's, which lacks the other ranks' rows). Only a master hung far
@@ -146,15 +143,16 @@ class Watching(StationCore):
 
     def watched(self) -> list[int]:
         """Ranks whose processes this rank checks are still there (its children, and the master it watches)."""
-        out = [r for r in (self.server.children if self.server is not None else ()) if r != self.rank]
-        if self.watching is not None and self.watching not in self.failed:
-            out.append(self.watching)
+        st = self.st
+        out = [r for r in (st.server.children if st.server is not None else ()) if r != st.rank]
+        if self.master_watched is not None and self.master_watched not in st.failed:
+            out.append(self.master_watched)
         return out
 
     def watch(self) -> list[Effect]:
         """Every :data:`WATCH_PERIOD`: have the runtime look whether the watched processes still exist
         (a process that exited is never reported by MPI; one found gone comes back as a death)."""
-        now = self.clock()
+        now = self.st.clock()
         if now - self.looked_at < WATCH_PERIOD:
             return []
         self.looked_at = now
@@ -167,11 +165,12 @@ class Watching(StationCore):
 
         MPI then reports them dead; without ULFM the job stops and the checkpoint resumes it: never a hang.
         """
-        d = self.server
+        st = self.st
+        d = st.server
         if d is None:
             return []
-        lease = self.config.lease
-        now = self.clock()
+        lease = st.config.lease
+        now = st.clock()
         # Looking ten times per lease finds a silent child at most 10 % late, instead of scanning
         # every child on every tick.
         gap = now - self.leases_checked
@@ -183,11 +182,11 @@ class Watching(StationCore):
             # has not heard meanwhile may be waiting for it. Every child gets a whole lease from now.
             for child in d.children.values():
                 child.heard = max(child.heard, now - lease / 2)
-            if self.recon is not None:
-                self.recon.started = max(self.recon.started, now - lease / 2)
+            if self.recovery.recon is not None:
+                self.recovery.recon.started = max(self.recovery.recon.started, now - lease / 2)
         late = [(r, "was silent for a lease (hung: stopped, or its task holds the GIL)")
                 for r in d.overdue(now, lease)]
-        recon = self.recon
+        recon = self.recovery.recon
         if recon is not None and recon.expected and now - recon.started > lease:
             late += [(r, "did not answer a reconciliation within a lease") for r in sorted(recon.expected - recon.killed)]
             recon.killed |= recon.expected
@@ -211,18 +210,19 @@ class Watching(StationCore):
         all stopped, or its link is cut, nobody carries the kill out and MPI never reports the
         rank dead. It is given up (:class:`GiveUp`, handled as a death told to every rank): under
         fault tolerance the job goes on without it; without, the master stops the job (see
-        :meth:`~nlevel.roles.failures.Failures.fail`). A rank that itself did not run for half a
+        :meth:`~nlevel.roles.failures.Recovery.fail`). A rank that itself did not run for half a
         lease (what would prove the kill done may be waiting to be read) waits a lease more.
         """
+        st = self.st
         if not self.killing:
             return []
-        lease = self.config.lease
-        now = self.clock()
+        lease = st.config.lease
+        now = st.clock()
         starved = now - self.kills_checked > lease / 2
         self.kills_checked = now
         outs: list[Effect] = []
         for r, (since, why) in sorted(self.killing.items()):
-            if r in self.failed:
+            if r in st.failed:
                 del self.killing[r]
             elif starved:
                 self.killing[r] = (max(since, now - lease / 2), why)
@@ -233,7 +233,7 @@ class Watching(StationCore):
         return outs
 
     def _host(self, rank: int) -> str:
-        return self.hosts[rank] if 0 <= rank < len(self.hosts) else ""
+        return self.st.hosts[rank] if 0 <= rank < len(self.st.hosts) else ""
 
     def overran(self, task: int, seconds: float) -> list[Effect]:
         """This rank's own task ``task`` has run ``seconds``, past ``--task-timeout`` (the runtime watches it).
@@ -245,52 +245,50 @@ class Watching(StationCore):
         as it leaves (see Loop.perform), which must hold this timeout too, the count of earlier
         runs included (the deputy's own count starts at 1, and a merge keeps the larger).
         """
-        limit = self.config.task_timeout
-        if not limit or self.abandoned or task in self.overran_tasks:
+        st = self.st
+        limit = st.config.task_timeout
+        if not limit or st.abandoned or task in self.overran_tasks:
             return []
         self.overran_tasks.add(task)
         ids = ((task, task + 1),)
         why = f"ran task {task} past --task-timeout {limit:g} s"
         outs: list[Effect] = []
-        successor = self.info.parent if self.info.parent is not None else deputy(self.hierarchy)
-        if successor is not None and successor not in self.failed:
-            outs.append(Send(successor, TimedOut(self.rank, ids, limit, self._host(self.rank))))
-        if isinstance(self.server, Master) and (successor is None or not self.ft):
-            outs += self.note_timeout(self.rank, ids)
+        successor = st.info.parent if st.info.parent is not None else deputy(st.hierarchy)
+        if successor is not None and successor not in st.failed:
+            outs.append(Send(successor, TimedOut(st.rank, ids, limit, self._host(st.rank))))
+        if isinstance(st.server, Master) and (successor is None or not st.ft):
+            outs += self.note_timeout(st.rank, ids)
         # (the last rank is given up even under fault tolerance: killed, nobody would end the job)
-        if self.ft and not self.alone:
-            outs.append(Kill(self.rank, why))
+        if st.ft and not self.alone:
+            outs.append(Kill(st.rank, why))
         else:
-            outs.append(Abandon(self.rank, why))  # (the runtime writes the ledger first: then the notices)
+            outs.append(Abandon(st.rank, why))  # (the runtime writes the ledger first: then the notices)
             outs += self.abandon_self(why)
         return outs
 
     def note_timeout(self, rank: int, ids: tuple[tuple[int, int], ...]) -> list[Effect]:
         """The master: count a timeout of ``ids`` (kept in the checkpoint); without fault tolerance, stop the job."""
-        d = self.server
-        if not isinstance(d, Master) or self.ledger is None:
-            self.timeout_notes.append((rank, ids))  # the deputy: for when it takes over
-            if rank == self.hierarchy.master and not self.ft:
-                # The master's own task, given up without fault tolerance: the master counted this
-                # timeout in the checkpoint it leaves, which this rank takes over from; an id at its
-                # quarantine then must not be handed out again (see Failures._finish_recon).
-                self.timed_out_hand.add_ranges(ids)
+        st = self.st
+        d = st.server
+        if not isinstance(d, Master) or st.ledger is None:
+            self.recovery.timed_out(rank, ids)  # the deputy: for when it takes over
             return []
-        led = self.ledger
+        led = st.ledger
         for a, b in ids:
             for tid in range(a, b):  # (one id: a timeout is told per task)
                 led.timeouts[tid] = led.timeouts.get(tid, 0) + 1
                 d.timeouts[tid] = max(d.timeouts.get(tid, 0), led.timeouts[tid])
                 d.mirror_timeouts[tid] = led.timeouts[tid]
-        if self.ft or d.stopped:
+        if st.ft or d.stopped:
             return []
         # Without fault tolerance the hung rank cannot be killed without ending the job:
         # stop cleanly (running tasks finish, everything is written), exit 75, resume later.
-        return self.stop("task timeout")
+        return st.stop("task timeout")
 
     def on_timed_out(self, msg: TimedOut) -> list[Effect]:
         """A task ran past its limit somewhere below: count it here (quarantine), and at the master."""
-        d = self.server
+        st = self.st
+        d = st.server
         child = d.children.get(msg.rank) if d is not None else None
         if child is not None and not child.leased:
             child.leased = f"ran past --task-timeout {msg.seconds:g} s"
@@ -298,9 +296,9 @@ class Watching(StationCore):
             for a, b in msg.ids:
                 for tid in range(a, b):  # (one id: a timeout is told per task)
                     d.timeouts[tid] = d.timeouts.get(tid, 0) + 1
-        if isinstance(d, Master) or deputy(self.hierarchy) == self.rank and msg.rank == self.hierarchy.master:
+        if isinstance(d, Master) or deputy(st.hierarchy) == st.rank and msg.rank == st.hierarchy.master:
             return self.note_timeout(msg.rank, msg.ids)
-        return [Send(self.hierarchy.master, msg)]
+        return [Send(st.hierarchy.master, msg)]
 
     def abandon_self(self, why: str) -> list[Effect]:
         """This rank's own task hung and it cannot be killed (no fault tolerance): it leaves the job.
@@ -312,23 +310,25 @@ class Watching(StationCore):
         report. The process must then end the job itself (the runtime writes the checkpoint and
         the report, and exits with the job's status).
         """
-        self.abandoned = True
-        others = [r for r in range(self.size) if r not in self.failed and r != self.rank]
-        d = self.server
+        st = self.st
+        st.abandoned = True
+        others = [r for r in range(st.size) if r not in st.failed and r != st.rank]
+        d = st.server
         if not others and isinstance(d, Master):
-            self.stop_reason = self.stop_reason or "task timeout"
-            d.stop(self.clock())
-            if self.rank in d.children:
-                host = self._host(self.rank)
-                held = d.drop_child(self.rank)
-                info = self.info
-                record = FailureRecord(self.rank, info.role.value, info.level, why, self.rank, self.wall(), len(held))
-                n, quarantined = d.requeue_lost(held, self.rank, host, why)
-                self.failures.append(record.closed(n, tuple(quarantined), self.wall()))
-        gone = Gone((self.rank,), why)
+            st.stop_reason = st.stop_reason or "task timeout"
+            d.stop(st.clock())
+            if st.rank in d.children:
+                host = self._host(st.rank)
+                held = d.drop_child(st.rank)
+                info = st.info
+                record = FailureRecord(st.rank, info.role.value, info.level, why, st.rank, st.wall(), len(held))
+                n, quarantined = d.requeue_lost(held, st.rank, host, why)
+                self.recovery.failures.append(record.closed(n, tuple(quarantined), st.wall()))
+        gone = Gone((st.rank,), why)
         return [Send(r, gone) for r in others]
 
     @property
     def alone(self) -> bool:
         """Whether every other rank of the job has died or been given up."""
-        return all(r == self.rank or r in self.failed for r in range(self.size))
+        st = self.st
+        return all(r == st.rank or r in st.failed for r in range(st.size))

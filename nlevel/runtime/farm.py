@@ -465,7 +465,7 @@ class FarmRuntime:
             kill_self()
         self._await_release()
         mark("done")  # (for nlevel-mpiexec: a process stopped from now on hangs nothing, it is killed)
-        released = st.released
+        released = st.closing.released
         assert released is not None
         self.failed = tuple(released.failed)
         signals.reset()  # the job is over here: its stop request (if any) is not the next farm's
@@ -491,12 +491,12 @@ class FarmRuntime:
         # The master died after releasing some ranks (its final checkpoint written first): its
         # deputy released the rest and writes the report, from what it has (the dead master's
         # recoveries were mirrored to it; every dead rank is listed; the others' rows are lost).
-        successor = st.finished_release
+        successor = st.closing.finished_release
         if successor:
             self.released_at = time.time()
         if self._released_all or successor:  # the master: the report, once every rank's part is over
             error = self._closing
-            rows, totals = st.partial_payload if successor else st.payload
+            rows, totals = st.closing.partial_payload if successor else st.closing.payload
             assert st.ledger is not None
             self.report = self._report(rows, totals, st.ledger)
             if successor:
@@ -511,8 +511,8 @@ class FarmRuntime:
             self.port.lock.release()
         if not self.hold_deputy:
             self.release_deputy()
-        told = st.released
-        if error is None and told.error:  # (the master's, told with the release)
+        told = st.closing.released
+        if error is None and told is not None and told.error:  # (the master's, told with the release)
             error = CheckpointError(told.error, path=self.checkpoint, errno=told.errno or None)
         if error is not None:
             from . import checkpoint as ckpt
@@ -524,9 +524,9 @@ class FarmRuntime:
         releases it held back (see :meth:`~nlevel.roles.ending.Closing.release`): its deputy's
         under fault tolerance (it watches the master until then, and writes the report if it
         dies); everyone's when, without it, a rank was given up."""
-        if self._released_all or self.station.finished_release:
+        if self._released_all or self.station.closing.finished_release:
             held = self.station.handle(ReportDone())
-            given_up = self.station.given_up
+            given_up = self.station.recovery.given_up
             if held and given_up:  # (first: a rank released now may end the job at once)
                 # Only ranks given up: their processes may never end, and mpiexec waits for them.
                 places = self.t.places
@@ -545,7 +545,7 @@ class FarmRuntime:
         if ledger is None:
             return
         self.released_code, self.released_at = status, time.time()
-        rows, totals = st.partial_payload  # (its own row: no other rank is left)
+        rows, totals = st.closing.partial_payload  # (its own row: no other rank is left)
         report = self._report(rows, totals, ledger)
         if self.port.checkpoint_error is not None:
             report["checkpoint_error"] = str(self.port.checkpoint_error)
@@ -563,7 +563,7 @@ class FarmRuntime:
         """
         runner, st, loop = self.runner, self.station, self.loop
         backoff = Backoff(self.config.poll_max)  # (the end is on every rank's critical path: a short job waits for it)
-        while st.released is None:
+        while st.closing.released is None:
             runner.raise_error()
             with runner.lock:
                 n = loop.step()
@@ -576,7 +576,7 @@ class FarmRuntime:
     def _release_when_ended(self) -> None:
         """The master, under the runner's lock: release everyone once every live rank has ended."""
         st = self.station
-        if st.is_master and st.all_ended:
+        if st.is_master and st.closing.all_ended:
             self._release()
 
     def _release(self) -> None:
@@ -603,7 +603,7 @@ class FarmRuntime:
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
         st = self.station
-        left = st.left_after_release
+        left = st.closing.left_after_release
         if left:
             totals = {**totals, "failures": [f for f in totals["failures"] if f["rank"] not in left]}
         report = build_report(

@@ -70,7 +70,7 @@ def model_state(station: Any, size: int, elapsed: float) -> dict[str, Any]:
             out["reason"] = last["reason"]
     busy = _number(getattr(getattr(station, "server", None), "busy_below", None))
     if busy is not None and size > 0 and elapsed >= 1.0:  # (before a second has passed it says little)
-        running = getattr(station, "running_now", None)
+        running = getattr(getattr(station, "watching", None), "running_now", None)
         clock = getattr(station, "clock", None)
         if callable(running) and callable(clock):
             try:  # (tasks that run now are busy too: a docking screen is not 90 % waste while it docks)

@@ -354,7 +354,7 @@ class Runner:
                 busy = n > 0 or self._demand()
                 # The master whose own loop is over waits for the last Endings here, promptly: its
                 # release (after_step) is every rank's end.
-                ending = st.is_master and st.done_serving and st.ended and st.released is None
+                ending = st.is_master and st.done_serving and st.ended and st.closing.released is None
                 if (st.done_serving and st.ended and not ending) or (until is not None and until()):
                     return
                 if ((st.done_serving and not ending) or self._handoff) and self._thread is threading.current_thread():

@@ -10,7 +10,7 @@ from typing import Any
 from .._version import __version__
 from ..config import Config
 from ..model.hierarchy import Hierarchy, build
-from ..roles.core import TIMELINE_BIN, TIMELINE_MAX
+from ..stats import TIMELINE_BIN, TIMELINE_MAX
 from ..roles.ledger import Ledger
 from ..roles.messages import FailureRecord
 from ..stats import RequestTimes, Summary
@@ -33,7 +33,7 @@ def timeline(per_rank: dict[int, Any], bin_s: float) -> dict[str, Any]:
 
     ``per_rank``: each server's ``(seconds per bin, {bin: served})`` (a bare dict: ``bin_s`` each).
     The report's bins are the widest any server kept, widened further so that the span holds at
-    most :data:`~nlevel.roles.core.TIMELINE_MAX` of them.
+    most :data:`~nlevel.stats.TIMELINE_MAX` of them.
     """
     rows = {r: (v if isinstance(v, tuple) else (bin_s, v)) for r, v in per_rank.items() if v}
     rows = {r: (w, bins) for r, (w, bins) in rows.items() if bins}

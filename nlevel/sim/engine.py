@@ -258,7 +258,7 @@ class _Agenda:
         stations, busy_until = self.stations, self.busy_until
         arrive = t + c.msg_time
         for dest, msg in self.outbox:
-            if stations[dest].server is not None or stations[dest].unacked:
+            if stations[dest].server is not None or stations[dest].replanning.unacked:
                 start = busy_until[dest] if busy_until[dest] > arrive else arrive
                 end = start + c.service_time
                 busy_until[dest] = end
@@ -334,7 +334,7 @@ class _Agenda:
         planner = st.planner
         if planner is not None:
             need = min(need, planner.next_check(t))
-        if st.free:
+        if st.recovery.free:
             need = min(need, t + self.c.detect)  # a new master's free ids go out on its next tick
         if d.queue and any(o.waiting for o in d.owners.values()):
             need = min(need, t + self.c.detect)  # claimers wait and there is something to publish
@@ -585,6 +585,6 @@ class Engine:
             decisions=master.planner.report() if master.planner is not None else [],
             plans=list(master.plans),
             deaths=deaths, drained=left,
-            failures=[as_dict(f) for st in stations if not dead[st.rank] for f in getattr(st, "failures", [])],
+            failures=[as_dict(f) for st in stations if not dead[st.rank] for f in st.recovery.failures],
             last_done=last_done,
         )

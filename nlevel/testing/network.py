@@ -260,21 +260,21 @@ class Network:
         self.hung.discard(rank)
         self.stuck.pop(rank, None)
         st = self.stations[rank]
-        self.at_risk.add_ranges(st.held_ids.ranges())
+        self.at_risk.add_ranges(st.recovery.held_ids.ranges())
         for (src, dest), q in self.channels.items():
             if rank in (src, dest):
                 for m in q:
                     self.lost(m)
         # Commits are lost with a rank when no survivor has them (a deputy's copy, another
         # master's ledger) and the checkpoint file does not either.
-        for copy in (st.ledger if st.server is not None and hasattr(st.server, "ledger") else None, st.mirror):
+        for copy in (st.ledger if st.server is not None and hasattr(st.server, "ledger") else None, st.recovery.mirror):
             if copy is None:
                 continue
             lost = copy.committed.copy()
             for other in self.stations:
                 if other is st or other.rank in self.dead:
                     continue
-                for keep in (other.mirror, other.ledger):
+                for keep in (other.recovery.mirror, other.ledger):
                     if keep is not None and keep is not copy:
                         lost.remove_ranges(keep.committed.ranges())
             if self.disk is not None:
@@ -336,15 +336,15 @@ class Network:
         servers = [r for r in range(self.size) if r not in self.dead and r not in silent
                    and not stations[r].done_serving]
         waiting = [r for r, u in self.users.items() if u.state == "wait" and r not in silent and r not in self.stuck]
-        ending = [r for r in self.live() if r not in self.hung and stations[r].released is None
+        ending = [r for r in self.live() if r not in self.hung and stations[r].closing.released is None
                   and (stations[r].ended or stations[r].server is not None) and r not in self.stuck]
         # (the runtime steps a rank's loop while its task runs: one that never returns, or a long one)
         busy = [r for r in self.stuck if r not in silent] + [r for r, u in self.users.items()
                                                               if u.until > now and r not in silent]
         pool = servers + waiting + ending + busy
         master = self.master() if self.live() else None
-        if master is not None and master not in self.hung and stations[master].released is None:
-            ready = stations[master].ready
+        if master is not None and master not in self.hung and stations[master].closing.released is None:
+            ready = stations[master].closing.ready
             if ready is not None:
                 rows, stats = ready
                 self.report = {"rows": rows, "failures": stats["failures"], "master": master}

@@ -323,7 +323,7 @@ DRIVERS = ("runtime", "sim", "testing", "roles/loop.py", "api.py")
 #: Attributes of a station that hold callables of the driver's own (calling them is not entering the station).
 CLOCKS = {"clock", "wall"}
 #: A station's parts that are state machines themselves (calling one of their methods enters the station).
-PARTS = {"planner", "worker", "server"}
+PARTS = {"planner", "worker", "server", "delivery", "recovery", "watching", "closing", "replanning"}
 
 
 def _station_expr(e: ast.expr, names: set[str]) -> bool:

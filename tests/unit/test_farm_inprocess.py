@@ -57,7 +57,7 @@ def check(out, total, quarantine=3, earlier=frozenset()):
         assert u.state in ("end", "left"), f"rank {r} was not released: {u.state}"
     for st in out.stations:
         if st.rank not in out.dead and st.rank not in out.retired:
-            assert st.released is not None, f"rank {st.rank} was never released by the master"
+            assert st.closing.released is not None, f"rank {st.rank} was never released by the master"
     if out.report is not None:  # every surviving rank's row counts what it ran (an Ending sent early still held)
         rows = {row["rank"]: row for row in out.report["rows"]}
         for r, u in out.users.items():
@@ -146,7 +146,7 @@ def test_switching_plans_mid_run_loses_and_duplicates_nothing(seed, size, plan, 
 
     def step(user_step=None):
         while pending and net.stations[0].server is not None and sum(net.executed.values()) >= pending[0][0]:
-            net.loops[0].perform(net.stations[0].switch(pending.pop(0)[1]))
+            net.loops[0].perform(net.stations[0].replanning.switch(pending.pop(0)[1]))
         return orig(user_step)
 
     net.step = step
@@ -241,11 +241,11 @@ def test_a_master_hung_after_releasing_everyone_is_killed_by_the_deputy_it_has_n
         net.hang(0)  # (SIGSTOP while it writes the report: it never sends the deputy's release)
         return []
 
-    net.stations[0].release_deputy = hang_instead  # type: ignore[method-assign]
+    net.stations[0].closing.release_deputy = hang_instead  # type: ignore[method-assign]
     out = net.run()
     assert out.kills == [(0, "was silent for a lease as the master (hung)")]
     assert out.ledger.complete() and all(n == 1 for n in out.executed.values())
-    assert all(net.stations[r].released is not None for r in net.live())
+    assert all(net.stations[r].closing.released is not None for r in net.live())
 
 
 @pytest.mark.parametrize("ft", ["on", "off"])
@@ -329,7 +329,7 @@ def _drain_then_switch(net, drain, switches):
                 answers.extend(e.outcome for e in effects if type(e).__name__ == "Answer")
                 net.loops[m].perform(effects)
             else:
-                net.loops[m].perform(net.stations[m].switch(what))
+                net.loops[m].perform(net.stations[m].replanning.switch(what))
         return orig(user_step)
 
     net.step = step

@@ -8,7 +8,7 @@ from nlevel.model.plan import Plan
 from nlevel.roles.events import Kill, Received, Send, Tick
 from nlevel.roles.messages import Heartbeat, Report
 from nlevel.roles.station import Station
-from nlevel.roles.watch import beat_period
+from nlevel.roles.recovery import beat_period
 from nlevel.runtime.progress import model_state
 from nlevel.roles.ledger import Ledger
 from nlevel.testing.network import LocalBoards
@@ -61,9 +61,9 @@ def test_a_task_that_runs_counts_as_busy_until_its_report():
     assert beat.running == 1.5
     master.handle(Received(1, beat))
     now[0] = 3.0
-    assert master.running_now(now[0]) == 2.5  # (1.5 s at its beat, and a second since)
+    assert master.watching.running_now(now[0]) == 2.5  # (1.5 s at its beat, and a second since)
     master.handle(Received(1, Report(tasks=1, busy=2.6)))
-    assert master.running_now(now[0]) == 0.0 and master.server.busy_below == 2.6
+    assert master.watching.running_now(now[0]) == 0.0 and master.server.busy_below == 2.6
 
 
 def test_the_progress_line_counts_running_tasks_as_busy():
@@ -80,19 +80,15 @@ def test_the_progress_line_counts_running_tasks_as_busy():
 def test_the_timeline_and_the_decisions_stay_bounded_over_a_long_job():
     """Issue 35: one bin per 0.1 s per server, and one planner decision every few seconds, grew with the job."""
     from nlevel.roles.autoplan import KEPT, AutoPlanner
-    from nlevel.roles.core import TIMELINE_MAX
+    from nlevel.stats import TIMELINE_MAX
     from nlevel.runtime.report import timeline
 
     (master, *_), now = stations()
-    wall = [0.0]
-    master.wall = lambda: wall[0]
-    d = master.server
+    line = master.timeline
     for k in range(100_000):  # a day of 0.9 s steps, a range served at each
-        wall[0] = k * 0.9
-        d.served += 1
-        master._timeline(d)
-    assert len(master.served_bins) <= TIMELINE_MAX + 1 and sum(master.served_bins.values()) == 100_000
-    out = timeline({0: (master.timeline_bin, master.served_bins), 3: (0.1, {10: 5})}, 0.1)
+        line.note(k + 1, k * 0.9)
+    assert len(line.bins) <= TIMELINE_MAX + 1 and sum(line.bins.values()) == 100_000
+    out = timeline({0: (line.width, line.bins), 3: (0.1, {10: 5})}, 0.1)
     assert len(out["served"]["0"]) <= TIMELINE_MAX and sum(out["served"]["0"]) == 100_000
     assert sum(out["served"]["3"]) == 5
     planner = AutoPlanner(64, Config(levels=0), Plan(2))
@@ -196,7 +192,7 @@ def test_a_rank_killed_in_time_is_never_given_up():
 
 def test_without_fault_tolerance_a_rank_given_up_stops_the_job_and_under_it_the_job_goes_on():
     from nlevel.roles.events import Died
-    from nlevel.roles.watch import GIVEN_UP
+    from nlevel.roles.recovery import GIVEN_UP
 
     for ft in (False, True):
         now = [0.0]
@@ -205,7 +201,7 @@ def test_without_fault_tolerance_a_rank_given_up_stops_the_job_and_under_it_the_
         master = Station(h, 0, cfg, lambda: now[0], LocalBoards(), 100, Ledger(100))
         master.handle(Died((3,), f"{GIVEN_UP}: was silent for a lease", tell=True))
         assert master.server.stopped is (not ft) and master.stop_reason == ("" if ft else "rank given up")
-        assert [f.how for f in master.failures] == [f"{GIVEN_UP}: was silent for a lease"]
+        assert [f.how for f in master.recovery.failures] == [f"{GIVEN_UP}: was silent for a lease"]
 
 
 def test_a_rank_given_up_that_lives_on_cannot_give_up_others():
@@ -213,13 +209,13 @@ def test_a_rank_given_up_that_lives_on_cannot_give_up_others():
     beat to their new parent) and gives them up in turn: the others must not believe it."""
     from nlevel.roles.events import Died
     from nlevel.roles.messages import Gone
-    from nlevel.roles.watch import GIVEN_UP
+    from nlevel.roles.recovery import GIVEN_UP
 
     now = [0.0]
     cfg = Config(levels=2, fault_tolerance="on", lease=5.0)
     master = Station(build(4, Plan(2)), 0, cfg, lambda: now[0], LocalBoards(), 100, Ledger(100))
     master.handle(Died((3,), f"{GIVEN_UP}: was silent for a lease", tell=True))
-    assert master.given_up == {3}
+    assert master.recovery.given_up == {3}
     master.handle(Received(3, Gone((2,), f"{GIVEN_UP}: was silent for a lease")))
     assert 2 not in master.failed
     master.handle(Received(1, Gone((2,), "exited")))  # (a live rank's news stands)

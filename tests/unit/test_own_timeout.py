@@ -56,7 +56,7 @@ def test_a_deputy_taking_over_from_the_checkpoint_knows_the_earlier_runs_timeout
     assert any(isinstance(o, LoadCheckpoint) for o in outs) and st.is_master
     ledger = Ledger(40)
     ledger.timeouts = {17: 2}
-    st.loaded(CheckpointLoaded(ledger, ""))
+    st.recovery.loaded(CheckpointLoaded(ledger, ""))
     assert st.server.deaths.count(17) == 2 and 17 in st.server.suspects
 
 
@@ -75,12 +75,12 @@ def test_the_last_rank_gives_itself_up_and_counts_its_ids_death_itself(ft):
     child.held.add(17, 18)
     now[0] = 5.0
     outs = st.handle(Overran(17, 5.0))
-    assert st.alone and [o.rank for o in outs if isinstance(o, Abandon)] == [0]
+    assert st.watching.alone and [o.rank for o in outs if isinstance(o, Abandon)] == [0]
     assert not [o for o in outs if isinstance(o, Kill)]
-    assert st.abandon_self("ran task 17 past --task-timeout 1 s") == []  # (nobody to tell)
+    assert st.watching.abandon_self("ran task 17 past --task-timeout 1 s") == []  # (nobody to tell)
     assert list(ledger.failed) == [17] and ledger.failed[17].kind == "timeout"
     assert st.stopped and st.stop_reason == "task timeout"  # (under fault tolerance too: nobody runs the rest)
-    [f] = st.failures
+    [f] = st.recovery.failures
     assert (f.rank, f.role, f.how, f.detected_by, f.held, f.requeued, f.quarantined) == \
         (0, "master", "ran task 17 past --task-timeout 1 s", 0, 1, 0, (17,))
 

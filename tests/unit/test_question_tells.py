@@ -33,7 +33,7 @@ def test_a_question_naming_this_rank_dead_is_not_answered():
     outs = st.receive(1, Holding((), (0, 3), ask=True, token=7))
     assert st.failed == {0}  # (the other death counts) ...
     assert not [o for o in outs if isinstance(o, Send) and isinstance(o.msg, Holding) and o.msg.token == 7]
-    assert len(st.deferred) == 1  # ... but the asker buried this rank: the question waits, as before
+    assert len(st.recovery.deferred) == 1  # ... but the asker buried this rank: the question waits, as before
 
 
 def test_a_new_master_asks_the_survivors_before_it_reads_the_checkpoint_file():

@@ -33,9 +33,9 @@ def test_without_fault_tolerance_a_job_that_gave_a_rank_up_releases_nobody_befor
     and mpiexec ends the whole job at the first non-zero exit: a rank released at once killed the
     master before it wrote its report (the next run read the last run's report)."""
     st = master("off", frozenset({3}))
-    assert released(st.release(75, {})) == [(1, True)]  # (the deputy is told first, as always)
-    assert released(st.release_deputy()) == [(5, False), (4, False), (2, False), (1, False)]
-    assert st.release_deputy() == []  # once
+    assert released(st.closing.release(75, {})) == [(1, True)]  # (the deputy is told first, as always)
+    assert released(st.closing.release_deputy()) == [(5, False), (4, False), (2, False), (1, False)]
+    assert st.closing.release_deputy() == []  # once
 
 
 @pytest.mark.parametrize("ft,failed,now,held", [
@@ -45,5 +45,5 @@ def test_without_fault_tolerance_a_job_that_gave_a_rank_up_releases_nobody_befor
 ])
 def test_otherwise_only_the_deputy_waits_and_only_under_fault_tolerance(ft, failed, now, held):
     st = master(ft, failed)
-    assert released(st.release(0, {})) == now
-    assert released(st.release_deputy()) == held
+    assert released(st.closing.release(0, {})) == now
+    assert released(st.closing.release_deputy()) == held

@@ -34,7 +34,7 @@ def test_a_switch_keeps_retry_counts_suspects_and_the_deputys_pending_copy():
     old.suspects.add(9, 10)
     old.mirror_done.add(3, 4)
     old.strangers[5] = __import__("nlevel.ranges", fromlist=["RangeSet"]).RangeSet(((40, 42),))
-    st.switch(Plan(3, (2,)))
+    st.replanning.switch(Plan(3, (2,)))
     new = st.server
     assert new is not old and new.attempts == {7: 2} and 9 in new.suspects and 3 in new.mirror_done
     assert 40 in new.carried and 41 in new.carried  # (taken by a rank not yet a child: still carried)
@@ -73,6 +73,6 @@ def test_results_sent_up_are_forgotten_once_safe(seed):
     out = Network(8, Plan(3, (2,)), 3000, seed, config=config).run()
     check(out, 3000)
     for st in out.stations:
-        sent = sum(st.up_seq.values())
-        kept = sum(len(q) for q in st.unsafe.values())
+        sent = sum(st.delivery.up_seq.values())
+        kept = sum(len(q) for q in st.delivery.unsafe.values())
         assert kept <= 8 and (sent < 20 or kept < sent / 5), (st.rank, sent, kept)

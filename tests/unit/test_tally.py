@@ -86,13 +86,13 @@ def test_the_deputy_copies_every_count_however_many_ids():
     st = _master(10**9)
     st.server.deaths.add(((0, 10**8),))
     st.server.deaths.add(((5, 10),))
-    [send] = st._mirror_full(1)
+    [send] = st.recovery._mirror_full(1)
     assert isinstance(send.msg, Mirror) and Tally(send.msg.deaths).ranges() == st.server.deaths.ranges()
     deputy = Station(build(8, Plan(2)), 1, Config(levels=2, fault_tolerance="on"), lambda: 0.0, LocalBoards(), 10**9)
     from nlevel.roles.events import Received
 
     deputy.handle(Received(0, send.msg))
-    assert deputy.mirror_deaths.ranges() == st.server.deaths.ranges()
+    assert deputy.recovery.mirror_deaths.ranges() == st.server.deaths.ranges()
 
 
 def test_a_poison_task_in_a_billion_id_job_is_quarantined_by_the_farm():

@@ -1,0 +1,143 @@
+"""Reports up the tree, and when they are safe: one sub-machine of a :class:`~nlevel.roles.station.Station`. Pure Python.
+
+It owns what a rank sent its parents and what its children sent it, counted by sequence
+number. A report with completions is *unsafe* until its parent says, with
+:class:`~nlevel.roles.messages.Safe`, that the completions in it are committed where one
+death cannot lose them (the master: copied to its deputy; a region: passed on in a report
+its own parent said safe). Until then the rank keeps the report, results included, to send
+again should the parent die: so a region-master holds seconds of its region's results, not
+the whole job's. What a rank passed to a parent that died is kept apart (``lost_via``) for
+the reconciliation (see :mod:`nlevel.roles.failures`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+
+from ..ranges import Ranges, RangeSet
+from .events import Effect, Send
+from .host import Host
+from .messages import Report, Result, Safe
+from .region import Region
+
+__all__ = ["Delivery"]
+
+
+class Delivery:
+    """What this rank sent up and heard from below, until it is safe (see the module docstring)."""
+
+    def __init__(self, st: Host) -> None:
+        self.st = st
+        # Completions sent to each parent (fault tolerance): a survivor's answer to a reconciler
+        # counts them as held while they may be in flight; a parent that passed them to a rank
+        # that died reports them lost (``lost_via``). Tracked from the start: a rank that learns
+        # of a death late must still know what it passed to the dead.
+        self.sent_done: dict[int, RangeSet] | None = {} if st.ft else None
+        self.lost_via: dict[int, RangeSet] = {}  # completions passed to a rank that died, by that rank
+        # Reports with completions sent to each parent and not yet said safe, with their results.
+        self.unsafe: dict[int, deque[tuple[int, Ranges, tuple[tuple[int, Result], ...]]]] = {}
+        self.up_seq: dict[int, int] = {}  # the last seq sent to each parent
+        # A parent: the last seq heard from each child; what of it is safe; what it has said safe.
+        self.heard_seq: dict[int, int] = {}
+        self.safe_seq: dict[int, int] = {}
+        self.said_safe: dict[int, int] = {}
+        self.flush_covers: deque[tuple[int, dict[int, int]]] = deque()  # a region: its seq up -> children's seqs
+        self.covered: dict[int, int] = {}  # the master: children's seqs its last copy to the deputy covered
+        self.safe_told = st.clock()
+
+    def report_up(self, report: Report, dest: int) -> list[Effect]:
+        """Send ``report`` to ``dest`` (this rank's own server: delivered in-process), stamped with the epoch."""
+        st = self.st
+        if report.epoch != st.epoch and not report.orphan:
+            report = replace(report, epoch=st.epoch)
+        if dest == st.rank and st.server is not None:
+            st.server.on_report(st.rank, report, st.clock())
+            return st.serve()
+        if self.sent_done is not None and report.done:
+            seq = self.up_seq[dest] = self.up_seq.get(dest, 0) + 1
+            report = replace(report, seq=seq)
+            self.sent_done.setdefault(dest, RangeSet()).add_ranges(report.done)
+            self.unsafe.setdefault(dest, deque()).append((seq, report.done, report.results))
+            if isinstance(st.server, Region) and dest == st.server.parent:
+                # (what its children reported so far rides up in this or an earlier report: once this
+                # one is safe, so are theirs)
+                self.flush_covers.append((seq, dict(self.heard_seq)))
+        return [Send(dest, report)]
+
+    def heard(self, src: int, seq: int) -> None:
+        """A report numbered ``seq`` came from child ``src``."""
+        if seq > self.heard_seq.get(src, 0):
+            self.heard_seq[src] = seq
+
+    def on_safe(self, src: int, seq: int) -> list[Effect]:
+        """Parent ``src`` says this rank's reports to it up to ``seq`` are safe: forget them (a region
+        passes the news down to the children whose reports rode up in them)."""
+        q = self.unsafe.get(src)
+        sent = (self.sent_done or {}).get(src)
+        while q and q[0][0] <= seq:
+            _, done, _ = q.popleft()
+            if sent is not None:
+                sent.remove_ranges(done)
+        d = self.st.server
+        if isinstance(d, Region) and src == d.parent:
+            covers = self.flush_covers
+            while covers and covers[0][0] <= seq:
+                for child, s in covers.popleft()[1].items():
+                    if s > self.safe_seq.get(child, 0):
+                        self.safe_seq[child] = s
+        return []
+
+    def mark_safe(self) -> None:
+        """The master: every completion heard so far is committed where its death cannot lose it
+        (its deputy has the copy, or it has none to make)."""
+        self.safe_seq.update(self.heard_seq)
+
+    def copied(self) -> None:
+        """The master: a copy went to the deputy with every commit heard so far: the commits of the
+        copy before it (a copy's time ago: delivered, unless the master died at once) are safe."""
+        self.safe_seq.update(self.covered)
+        self.covered = dict(self.heard_seq)
+
+    def tell_safe(self) -> list[Effect]:
+        """At most every beat: tell each child how far its reports are safe."""
+        st = self.st
+        now = st.clock()
+        if not self.safe_seq or now - self.safe_told < st.config.lease / 5:
+            return []
+        self.safe_told = now
+        outs: list[Effect] = []
+        for child, s in self.safe_seq.items():
+            if s > self.said_safe.get(child, 0) and child not in st.failed and child != st.rank:
+                self.said_safe[child] = s
+                outs.append(Send(child, Safe(s)))
+        return outs
+
+    def sent(self) -> RangeSet:
+        """Completions this rank sent to parents still alive (they may be in flight)."""
+        out = RangeSet()
+        for ranges in (self.sent_done or {}).values():
+            out.add_ranges(ranges.ranges())
+        return out
+
+    def lost_with(self, dead: frozenset[int], parent_died: bool) -> tuple[RangeSet, list[tuple[int, Result]]]:
+        """``dead`` died: what this rank had sent them, to report again to the new parent (completions,
+        and the results it still has of them); forget every count kept with them.
+
+        Completions reported to a rank that died are lost with it: reported again rather than run again.
+        """
+        if self.sent_done is None:
+            self.sent_done = {}
+        again, again_results = RangeSet(), list[tuple[int, Result]]()
+        for x in dead:
+            sent = self.sent_done.pop(x, None)
+            if sent:
+                self.lost_via[x] = sent  # passed to a rank that died: a reconciler must know
+                again.add_ranges(sent.ranges())
+            for _, _, results in self.unsafe.pop(x, ()):
+                again_results += results
+            for seqs in (self.heard_seq, self.safe_seq, self.said_safe, self.up_seq):
+                seqs.pop(x, None)
+        if parent_died:
+            self.flush_covers.clear()  # (said safe by nobody now: its reports go again to the new parent)
+        return again, again_results
