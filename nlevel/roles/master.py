@@ -6,8 +6,9 @@ id: everything handed out was committed.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Final
 
 from ..model.hierarchy import Hierarchy
 from ..ranges import RangeSet, Ranges
@@ -17,6 +18,23 @@ from .region import Region
 from .server import Boards, Child, Server, Sizing
 
 __all__ = ["Master"]
+
+
+#: Tasks that failed the same way (the same traceback, whatever its message) keep their whole
+#: traceback up to this many times; later ones keep their error line. A job whose every task
+#: hits one bug recorded 10**6 tracebacks otherwise, in memory, in every copy to the deputy
+#: and in the checkpoint.
+TRACEBACKS_KEPT: Final = 10
+#: Ways of failing counted at most (past it, a new way keeps no traceback either).
+WAYS_KEPT: Final = 1000
+#: A failure's error line is cut to this many characters.
+ERROR_MAX: Final = 1000
+
+
+def _way(traceback: str) -> str:
+    """Where a traceback comes from: its frames without the exception's message (digested)."""
+    frames = [line for line in traceback.splitlines() if line.startswith("  File ")]
+    return hashlib.blake2b("\n".join(frames or [traceback]).encode(), digest_size=8).hexdigest()
 
 
 class Master(Server):
@@ -38,7 +56,7 @@ class Master(Server):
         "ledger", "retries", "attempts", "mirror", "mirror_done", "mirror_results", "mirror_failed",
         "mirror_timeouts", "queue", "aside", "stopped", "published_top", "task_mean", "task_max", "_tasks_seen",
         "busy_below", "deaths", "timeouts", "suspects", "quarantine", "settled", "track_settled", "unexpected",
-        "reconciling")
+        "reconciling", "ways")
     #: What belongs to the plan's layout: built anew for the new plan.
     LAYOUT: tuple[str, ...] = (
         "rank", "clock", "boards", "_mine", "sizing", "epoch", "children", "total_weight", "held_total", "live",
@@ -57,6 +75,7 @@ class Master(Server):
         self.mirror_results: list[tuple[int, Result]] = []
         self.mirror_failed: list[TaskFailure] = []
         self.mirror_timeouts: dict[int, int] = {}  # timeouts counted since the last copy (id -> total)
+        self.ways: dict[str, int] = {}  # how many failures kept a traceback, per way of failing (see _way)
         self.queue = ledger.to_hand_out()
         # Ids handed out under an earlier plan (or to a non-child) not yet committed or
         # given back: the job is not finished while any is left.
@@ -143,12 +162,30 @@ class Master(Server):
         if failure.kind == "raised" and n <= self.retries:
             self.take_back(((tid, tid + 1),))  # runs again, most likely on another rank
             return
-        failure = replace(failure, attempts=max(failure.attempts, n))
+        failure = self.bounded(replace(failure, attempts=max(failure.attempts, n)))
         self.ledger.fail(failure)
         if self.carried:
             self.carried.remove(tid, tid + 1)
         if self.mirror:
             self.mirror_failed.append(failure)
+
+    def bounded(self, failure: TaskFailure) -> TaskFailure:
+        """``failure`` as it is recorded: its error line cut to :data:`ERROR_MAX` characters, its
+        traceback kept only for the first :data:`TRACEBACKS_KEPT` failures of its way of failing."""
+        error, traceback = failure.error, failure.traceback
+        if len(error) > ERROR_MAX:
+            error = f"{error[:ERROR_MAX]}... ({len(error)} characters)"
+        if traceback:
+            way = _way(traceback)
+            n = self.ways.get(way, 0)
+            if n < TRACEBACKS_KEPT and (n or len(self.ways) < WAYS_KEPT):
+                self.ways[way] = n + 1
+            else:
+                traceback = (f"(not kept: {TRACEBACKS_KEPT} tasks that failed in the same place first keep theirs)"
+                             if n else f"(not kept: more than {WAYS_KEPT} ways of failing)")
+        if error is failure.error and traceback is failure.traceback:
+            return failure
+        return replace(failure, error=error, traceback=traceback)
 
     def take_orphan(self, report: Report, now: float) -> None:
         """Completions, given-back ids and failures that arrived under an older plan."""
