@@ -74,17 +74,17 @@ def fault_handler(engine: Any, ag: Any, stations: list[Station], loops: list[Loo
     push, send_all, after_server = ag.push, ag.send_all, ag.after_server
     busy_until, server_busy, over = ag.busy_until, ag.server_busy, ag.over
 
-    def serve(r: int, t: float, step: Callable[[], Any]) -> float:
+    def serve(r: int, t: float, act: Callable[[], Any]) -> float:
         # (a server runs a step for a notice or a request on its own CPU, as it handles a message)
         if stations[r].server is None:
-            step()
+            act()
             return t
         start = busy_until[r] if busy_until[r] > t else t
         busy_until[r] = start + c.service_time
         if ag.counting and not over[r]:
             server_busy[r] += c.service_time
         engine.t = start
-        step()
+        act()
         return start + c.service_time
 
     def fault(kind: int, r: int, payload: Any, t: float) -> None:
