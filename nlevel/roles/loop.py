@@ -10,24 +10,34 @@ slave when it needs ids, simulated time). The steps:
   for processes that vanished: a rank that exited is never reported by MPI);
 * :meth:`Loop.control`: the master's operator requests and stop signal;
 * :meth:`Loop.checkpoint`: the master's periodic checkpoint;
-* :meth:`Loop.need_ids`: the user's loop needs its next range.
+* :meth:`Loop.need_ids`: the user's loop needs its next range;
+* :meth:`Loop.release` and :meth:`Loop.report_done`: the master ends the job once every live
+  rank has ended, then sends the releases it held back once its own last work is done.
+
+A driver that wakes a rank only when something it waits for changes (the simulator) reads
+what to wait for from the loop (:meth:`Loop.next_tick`, :meth:`Loop.published`,
+:attr:`Loop.claims_from`, :attr:`Loop.ticket`, :attr:`Loop.refill_wait`), not from the roles' parts.
 
 Pure Python: threads, locks and MPI belong to the port's owner.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Final, Protocol
 
 from ..ranges import Ranges
 from .events import (
     Abandon, Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, GiveUp, Kill, Leave,
-    LoadCheckpoint, Log, NeedIds, Ran, Received, Send, Served, Stop, Tick, Watch, WriteCheckpoint,
+    LoadCheckpoint, Log, NeedIds, Ran, Received, ReleaseJob, ReportDone, Send, Served, Stop, Tick, Watch,
+    WriteCheckpoint,
 )
 from .ledger import Ledger
 from .messages import Gone, Message, Result, TaskFailure
 from .recovery import GIVEN_UP
 from .master import Master
+from .region import Region
+from .server import LIMBO_GRACE
 from .station import Station
 
 __all__ = ["Port", "Loop"]
@@ -89,6 +99,17 @@ class Port(Protocol):
     def checkpoint_failed(self) -> str:
         """The error of the latest checkpoint write (a full disk...), or ""."""
 
+    def release_job(self, ledger: Ledger, stopped: bool, erred: bool) -> ReleaseJob:
+        """The master ends the job (its last checkpoint written): the release every rank is told, with
+        the status every process ends with, the facts the deputy keeps for the report and the
+        checkpoint's write error. ``stopped``: the job was stopped early; ``erred``: the user's
+        program erred on some rank (see :class:`~nlevel.roles.events.UserError`)."""
+
+    def given_up_end(self, code: int, given_up: tuple[int, ...]) -> None:
+        """The job is over with status ``code`` although the processes of ``given_up`` (ranks given up:
+        nobody could kill them) may live on: say so to whoever waits for every process (the launcher),
+        before the last releases go out (a rank released may end the job at once)."""
+
 
 class Loop:
     """The steps around one station.
@@ -99,21 +120,25 @@ class Loop:
         checkpoint_every: The master writes the checkpoint after this many new commits ...
         checkpoint_interval: ... or this many seconds, whichever comes first.
         timer: A clock for the CPU time of handling one message (the master's planner
-            measures its μ with it while it serves); None: not measured (the simulator
-            tells the planner its service time itself).
+            measures its μ with it while it serves); None: not measured.
+        service: Without a timer, the seconds handling one message takes (the simulator's
+            model), told to the planner as the measured time would be; 0: nothing told.
     """
 
     def __init__(self, station: Station, port: Port, checkpoint_every: int = 10_000,
-                 checkpoint_interval: float = 2.0, timer: Callable[[], float] | None = None) -> None:
+                 checkpoint_interval: float = 2.0, timer: Callable[[], float] | None = None,
+                 service: float = 0.0) -> None:
         self.station = station
         self.port = port
         self.timer = timer
+        self.service = service
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval = checkpoint_interval
         self.flushed_at = station.clock()
         self.flushed_commits = 0
         self.final_written = False
         self.checkpoint_error = ""
+        self.reported = False  # the master's last work is done (report_done)
         #: Seconds the user's loop has spent in the task it runs now (None: not known here), for Tick.
         self.running: Callable[[], float] | None = None
 
@@ -216,6 +241,8 @@ class Loop:
                 port.declare_dead(got[1].ranks)
             if timer is None or self.station.planner is None:
                 self.handle(Received(got[0], got[1]))
+                if self.service and self.station.planner is not None:
+                    self.handle(Served(self.service))
             else:
                 t0 = timer()
                 self.handle(Received(got[0], got[1]))
@@ -277,6 +304,110 @@ class Loop:
         self.control()
         self.checkpoint()
         return n
+
+    # -- the end ------------------------------------------------------------------------------
+    def release(self) -> bool:
+        """The master, once every live rank has ended: write the last checkpoint, then end the job
+        for everyone (:class:`~nlevel.roles.events.ReleaseJob`, as the port words it). Returns
+        whether it did so now (False on any other rank, before the end, and once it has)."""
+        st = self.station
+        if not st.closing.all_ended:
+            return False
+        ledger = st.ledger
+        assert ledger is not None
+        if not self.final_written:
+            self.final_written = True
+            self.checkpoint_error = self.port.write_checkpoint(ledger, True) or self.checkpoint_error
+        self.handle(self.port.release_job(ledger, st.stopped, bool(st.user_errors)))
+        return True
+
+    def report_done(self) -> bool:
+        """The master (or the rank that finished a dead master's release), its own last work done
+        (its report written, its lock given back): send the releases it held back (its deputy's
+        under fault tolerance; everyone's after a rank was given up without it). Returns whether
+        any went out; once."""
+        st = self.station
+        if self.reported or st.closing.released is None:
+            return False
+        self.reported = True
+        held = st.handle(ReportDone())
+        if held and st.recovery.given_up:
+            self.port.given_up_end(int(st.closing.released.code), tuple(sorted(st.recovery.given_up)))
+        self.perform(held)
+        return bool(held)
+
+    # -- what to wait for (a driver that wakes this rank on events instead of polling) ------------
+    def next_tick(self, now: float, look: float, limbo: bool = True) -> float:
+        """When a tick of this rank next has work (inf: none until something happens to it).
+
+        By the clock: a region's batch of completions due by age, the planner's next look. Noticed
+        ``look`` seconds from ``now``: ids to publish for claimers waiting on its boards, a
+        region short of stock holding no ticket above, a new master's free ids; a claimer's ticket
+        in limbo once its grace is over (``limbo``: look for those).
+        """
+        st = self.station
+        d = st.server
+        if d is None:
+            return math.inf
+        need = math.inf
+        soon = now + look
+        if isinstance(d, Region):
+            need = d.flush_at()
+            if not d.parent_final and d.claimer.ticket < 0 and d.stock() < d.target():
+                need = soon
+        planner = st.planner
+        if planner is not None:
+            due = planner.next_check(now)
+            if due < need:
+                need = due
+        if soon < need and (st.recovery.free or (d.queue and any(o.waiting for o in d.owners.values()))):
+            need = soon
+        if limbo and now + LIMBO_GRACE + look < need and any(o.limbo for o in d.owners.values()):
+            need = now + LIMBO_GRACE + look
+        return need
+
+    def published(self, kind: int) -> tuple[int, int, int, bool] | None:
+        """This rank's board ``kind`` as its claimers see it: ``(flags, epoch, tickets published,
+        whether published slots wait for no ticket yet)``; None: it has no such board."""
+        d = self.station.server
+        o = d.owners.get(kind) if d is not None else None
+        if o is None:
+            return None
+        return o.flags, o.epoch, o.tail, o.unclaimed_slots > 0
+
+    @property
+    def claims_from(self) -> int:
+        """The rank whose leaf board this rank's user loop claims from (-1: it runs no tasks)."""
+        w = self.station.worker
+        return w.parent if w is not None else -1
+
+    @property
+    def ticket(self) -> int:
+        """The ticket this rank's user loop waits for on that board (-1: none: it waits for a change)."""
+        w = self.station.worker
+        return w.claimer.ticket if w is not None else -1
+
+    @property
+    def refill_wait(self) -> tuple[int, int] | None:
+        """A region-master waiting for its parent to publish its ticket: ``(parent, ticket)``; else None."""
+        d = self.station.server
+        if not isinstance(d, Region) or d.parent_final:
+            return None
+        tk = d.claimer.ticket
+        return (d.parent, tk) if tk >= 0 else None
+
+    @property
+    def refills_from(self) -> int:
+        """The rank whose upper board this region-master refills from (-1: it is no region-master)."""
+        d = self.station.server
+        return d.parent if isinstance(d, Region) else -1
+
+    @property
+    def serving(self) -> bool:
+        """Whether messages to this rank are handled as they come (it serves, or old children must
+        still be heard), not when its user loop next runs."""
+        st = self.station
+        return st.server is not None or bool(st.replanning.unacked)
 
     # -- the user's side ------------------------------------------------------------------------
     def ran(self, done: Ranges, results: tuple[tuple[int, Result], ...] = (), failed: tuple[TaskFailure, ...] = (),

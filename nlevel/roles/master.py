@@ -6,7 +6,6 @@ id: everything handed out was committed.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import replace
 from typing import Callable, Final
 
@@ -31,10 +30,11 @@ WAYS_KEPT: Final = 1000
 ERROR_MAX: Final = 1000
 
 
-def _way(traceback: str) -> str:
-    """Where a traceback comes from: its frames without the exception's message (digested)."""
+def _way(traceback: str) -> int:
+    """Where a traceback comes from: its frames without the exception's message, hashed (a count
+    kept by this master only: Python's per-process hash serves)."""
     frames = [line for line in traceback.splitlines() if line.startswith("  File ")]
-    return hashlib.blake2b("\n".join(frames or [traceback]).encode(), digest_size=8).hexdigest()
+    return hash("\n".join(frames) if frames else traceback)
 
 
 class Master(Server):
@@ -75,7 +75,7 @@ class Master(Server):
         self.mirror_results: list[tuple[int, Result]] = []
         self.mirror_failed: list[TaskFailure] = []
         self.mirror_timeouts: dict[int, int] = {}  # timeouts counted since the last copy (id -> total)
-        self.ways: dict[str, int] = {}  # how many failures kept a traceback, per way of failing (see _way)
+        self.ways: dict[int, int] = {}  # how many failures kept a traceback, per way of failing (see _way)
         self.queue = ledger.to_hand_out()
         # Ids handed out under an earlier plan (or to a non-child) not yet committed or
         # given back: the job is not finished while any is left.

@@ -84,13 +84,17 @@ class Station:
         setup_failed: Ranks that died while the farm was being set up (``hierarchy`` was
             built without them); the master records them.
         facts: Where this rank runs (``{"hosts": ...}``), for the run report.
+        measured: False: its worker does not time its claims and keeps only the moments of its
+            task times (the simulator, which times claims in simulated time).
     """
 
     def __init__(self, hierarchy: Hierarchy, rank: int, config: Config, clock: Callable[[], float], boards: Boards,
                  total: int, ledger: Ledger | None = None, width: int = 1,
                  wall: Callable[[], float] = time.time, hosts: tuple[str, ...] = (),
-                 setup_failed: frozenset[int] = frozenset(), facts: dict[str, Any] | None = None) -> None:
+                 setup_failed: frozenset[int] = frozenset(), facts: dict[str, Any] | None = None,
+                 measured: bool = True) -> None:
         self.rank = rank
+        self.measured = measured
         self.facts: dict[str, Any] = dict(facts or {})
         self.total = total
         self.width = width
@@ -555,7 +559,7 @@ class Station:
         assert parent is not None
         slots = self.boards.slots(LEAF)
         if self.worker is None:
-            self.worker = Worker(self.rank, parent, slots, c.report_every, c.report_age, self.clock)
+            self.worker = Worker(self.rank, parent, slots, c.report_every, c.report_age, self.clock, self.measured)
         self.worker.reparent(parent, slots, self.epoch)
 
     def leave_out(self, server: Server) -> None:

@@ -58,7 +58,7 @@ class Worker:
     """
 
     def __init__(self, rank: int, parent: int, slots: int, report_every: int = 256, report_age: float = 0.05,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, measured: bool = True) -> None:
         self.rank = rank
         self.clock = clock
         self.parent = parent
@@ -72,11 +72,11 @@ class Worker:
         self.failed: list[TaskFailure] = []
         self.oldest = math.inf  # when the oldest unreported completion was recorded
         self.state = State.RUN
-        self.task_times = Summary()
+        self.task_times = Summary(quantiles=measured)  # (not measured: moments only, for huge simulated runs)
         self.tasks = 0  # tasks since the last report, their seconds, and the sum of their squares
         self.busy = 0.0
         self.busy_sq = 0.0
-        self.claims: RequestTimes | None = RequestTimes()  # (None: not measured, e.g. in the simulator)
+        self.claims: RequestTimes | None = RequestTimes() if measured else None  # (the simulator times claims itself)
         self.wait_started: float | None = None  # since when the user's loop has been waiting for ids
         self.all_out = False  # the parent's board said everything is out (its last claim: "all-out")
         self.reports = 0  # reports sent up so far

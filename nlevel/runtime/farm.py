@@ -26,7 +26,7 @@ from .._version import __version__
 from ..config import Config
 from ..errors import CheckpointError, ConfigError, NlevelError, PlanError
 from ..model.hierarchy import Hierarchy, build, check_nodes, fit_nodes, nodes_of
-from ..roles.events import Ran, ReleaseJob, ReportDone, Tick
+from ..roles.events import Ran, Tick
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.station import Station
@@ -34,8 +34,8 @@ from . import control, machine, signals, window
 from .backoff import Backoff
 from .identity import identity
 from .rank import MpiPort, Runner, clock, prepare_takeover
-from .startwatch import mark, mark_end, start_records
-from .report import build_report, failed_lines, failed_tasks, ledger_status, station_facts
+from .startwatch import mark, start_records
+from .report import build_report, station_facts
 from .transport import MpiError, Transport, agree, kill_self, revoke, setup_recovery, shrink, user_ranks, world
 
 if TYPE_CHECKING:  # (imported by a farm that has a checkpoint: numpy and h5py come with it)
@@ -521,19 +521,11 @@ class FarmRuntime:
 
     def release_deputy(self) -> None:
         """The master (or the successor that finished its release), its report written: send the
-        releases it held back (see :meth:`~nlevel.roles.ending.Closing.release`): its deputy's
+        releases it held back (see :meth:`~nlevel.roles.loop.Loop.report_done`): its deputy's
         under fault tolerance (it watches the master until then, and writes the report if it
         dies); everyone's when, without it, a rank was given up."""
-        if self._released_all or self.station.closing.finished_release:
-            held = self.station.handle(ReportDone())
-            given_up = self.station.recovery.given_up
-            if held and given_up:  # (first: a rank released now may end the job at once)
-                # Only ranks given up: their processes may never end, and mpiexec waits for them.
-                places = self.t.places
-                mark_end(self.released_code, {r: places[r][0] if r < len(places) else "" for r in given_up})
-            if held:
-                self.loop.perform(held)
-                self.t.flush(timeout=5.0)
+        if (self._released_all or self.station.closing.finished_release) and self.loop.report_done():
+            self.t.flush(timeout=5.0)
 
     def _ended_here(self, status: int) -> None:
         """The last rank ends the job from inside its own task, past ``--task-timeout`` (see
@@ -574,32 +566,15 @@ class FarmRuntime:
                 backoff.wait()
 
     def _release_when_ended(self) -> None:
-        """The master, under the runner's lock: release everyone once every live rank has ended."""
-        st = self.station
-        if st.is_master and st.closing.all_ended:
-            self._release()
-
-    def _release(self) -> None:
-        """The master: the last checkpoint, the failed ids told, everyone released.
+        """The master, under the runner's lock: release everyone once every live rank has ended (see
+        :meth:`~nlevel.roles.loop.Loop.release`: the last checkpoint, the failed ids told).
 
         (The statistics are merged and the report built after the end's collectives: no rank
         waits for the report, except those whose release the master holds back until its last
         work is done, see :meth:`release_deputy`.)
         """
-        st, ledger = self.station, self.station.ledger
-        assert ledger is not None
-        error: BaseException | None = self.port.checkpoint_error
-        if not self.loop.final_written and self.port.write_checkpoint(ledger, True):
-            error = self.port.checkpoint_error
-        complete = ledger.complete()
-        failed = failed_tasks(ledger, self.config.task_output)
-        sys.stderr.write(failed_lines(failed, len(ledger.failed)))
-        sys.stderr.flush()
-        code = ledger_status(ledger, stopped=st.stopped, error=error is not None or bool(st.user_errors))
-        self.loop.handle(ReleaseJob(code, {"complete": complete, "failed": failed},
-                                    getattr(error, "problem", None) or str(error) if error is not None else "",
-                                    getattr(error, "errno", None) or 0))
-        self._released_all, self._closing, self.released_at = True, error, time.time()
+        if self.loop.release():
+            self._released_all, self._closing, self.released_at = True, self.port.checkpoint_error, time.time()
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
         st = self.station

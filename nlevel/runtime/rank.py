@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import Config
 from ..errors import CheckpointError, NlevelError
-from ..roles.events import DrainRequest, Overran, Ran, UserError
+from ..roles.events import DrainRequest, Overran, Ran, ReleaseJob, UserError
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import KillRequest, Message, TaskFailure
@@ -247,6 +247,24 @@ class MpiPort:
 
     def stop_requested(self) -> bool:
         return signals.requested()
+
+    def release_job(self, ledger: Ledger, stopped: bool, erred: bool) -> ReleaseJob:
+        from .report import failed_lines, failed_tasks, ledger_status
+
+        error = self.checkpoint_error
+        failed = failed_tasks(ledger, self.config.task_output)
+        sys.stderr.write(failed_lines(failed, len(ledger.failed)))
+        sys.stderr.flush()
+        code = ledger_status(ledger, stopped=stopped, error=error is not None or erred)
+        return ReleaseJob(code, {"complete": ledger.complete(), "failed": failed},
+                          (getattr(error, "problem", None) or str(error)) if error is not None else "",
+                          getattr(error, "errno", None) or 0)
+
+    def given_up_end(self, code: int, given_up: tuple[int, ...]) -> None:
+        from .startwatch import mark_end
+
+        places = self.t.places
+        mark_end(code, {r: places[r][0] if r < len(places) else "" for r in given_up})
 
 
 def prepare_takeover() -> None:

@@ -1,13 +1,14 @@
 """The simulator: a discrete-event run of the same role state machines, on one core, at any scale.
 
 ``python -m nlevel.sim`` (:mod:`~nlevel.sim.cli`); the timing model and :func:`simulate`
-(:mod:`~nlevel.sim.model`); the event engine (:mod:`~nlevel.sim.engine`); the optional
-mypyc build of the hot modules (:mod:`~nlevel.sim.build`).
+(:mod:`~nlevel.sim.model`); the event engine (:mod:`~nlevel.sim.engine`) and the loop's port
+in simulated time (:mod:`~nlevel.sim.port`); the optional mypyc build of the hot modules
+(:mod:`~nlevel.sim.build`).
 
 May import: :mod:`nlevel.roles`, :mod:`nlevel.model`, :mod:`nlevel.config`,
 :mod:`nlevel.ranges`, :mod:`nlevel.stats`, :mod:`nlevel.errors` and its own modules.
-Never mpi4py, threads, nor :mod:`nlevel.runtime`. The engine only decides when each
-Station call happens: the logic is the roles'.
+Never mpi4py, threads, nor :mod:`nlevel.runtime`. The engine only decides when each step
+of every rank's :class:`~nlevel.roles.loop.Loop` happens: the logic is the roles'.
 """
 
 from .cli import main

@@ -74,6 +74,7 @@ COMPILED = (
     "roles/loop.py",
     "sim/heap.py",
     "sim/engine.py",
+    "sim/port.py",
     "sim/waiters.py",
 )
 

@@ -1,23 +1,33 @@
 """The event engine of :mod:`nlevel.sim`: every rank's :class:`~nlevel.roles.loop.Loop`, in simulated time.
 
 The engine decides *when* each loop step happens and what it costs; the logic is the
-roles' own (the same Station, Loop and boards the MPI runtime runs). Events:
+roles' own (the same Station, Loop and boards the MPI runtime runs). Every rank is driven
+through its :class:`~nlevel.roles.loop.Loop` alone, over a port (:class:`SimPort`) that
+performs effects in simulated time. Events:
 
-* a worker's **runtime entry** (its range ended, or it was woken while waiting): what
-  ran is reported (:class:`~nlevel.roles.events.Ran`), the next range claimed
-  (:class:`~nlevel.roles.events.NeedIds`): the claim's one-sided operations cost
+* a worker's **runtime entry** (its range ended, or it was woken while waiting): the
+  messages that came meanwhile (:meth:`~nlevel.roles.loop.Loop.receive`), what ran
+  (:meth:`~nlevel.roles.loop.Loop.ran`), the next range claimed
+  (:meth:`~nlevel.roles.loop.Loop.need_ids`): the claim's one-sided operations cost
   ``atomic_time`` each, plus queueing at the board owner's memory (``atomic_service``
   per operation); the range then runs for the sum of its tasks' durations. A slave
   hears its messages (plan changes) only here, as the runtime's do.
 * a message's **arrival** at a server: handled in arrival order, ``service_time`` each,
   on the server's own CPU (its thread; its own tasks run beside it);
-* a server's **tick**, when something needs one: a claimer found its board empty
-  (noticed within ``detect`` seconds), batched completions reached their age, the
-  planner's sampling window ended.
+* a server's **tick**, when something needs one (:meth:`~nlevel.roles.loop.Loop.next_tick`):
+  a claimer found its board empty (noticed within ``detect`` seconds), batched completions
+  reached their age, the planner's sampling window ended. A tick is the loop's whole step:
+  messages, time, the master's controls (an operator's drain comes in there) and checkpoint.
+* the **end**: the master releases every rank once every live one has ended
+  (:meth:`~nlevel.roles.loop.Loop.release`), at once after its last event; its own last
+  work takes no simulated time.
 
 A claimer that finds nothing published waits without polling in the simulation: it is
-woken ``poll`` seconds after its board changes (the runtime's back-off, on average).
-Pure Python + numpy.
+woken ``poll`` seconds after its board changes (the runtime's back-off, on average): what
+it waits for is the loop's to say (:attr:`~nlevel.roles.loop.Loop.ticket`,
+:meth:`~nlevel.roles.loop.Loop.published`). Checkpoint writes are not modelled: they take
+no time and keep nothing (a new master finds no checkpoint), but they are asked and answered
+as in a job. Pure Python + numpy.
 """
 
 from __future__ import annotations
@@ -32,24 +42,24 @@ from ..config import Config
 from ..errors import SimStalled
 from ..model.hierarchy import Hierarchy
 from ..roles.board import LocalMemory
-from ..roles.events import DrainRequest, NeedIds, Ran, Received, Served, Tick
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import Message
-from ..roles.region import Region
-from ..roles.server import LIMBO_GRACE
 from ..roles.station import Station
-from ..stats import RequestTimes, Summary
+from ..stats import RequestTimes
 from .faults import _DRAIN, _KILL, as_dict, check_faults, fault_handler
 from .heap import Event, pop, push
+from .port import SimPort
 from .waiters import Waiters
 
-__all__ = ["SimCosts", "SimBoards", "EngineResult", "Engine", "SimStalled"]
+__all__ = ["SimCosts", "SimBoards", "SimPort", "EngineResult", "Engine", "SimStalled"]
 
 _ENTRY: Final = 0
 _ARRIVE: Final = 1
 _HANDLE: Final = 2
 _TICK: Final = 3
+_HANDLE_LATE: Final = 7  # a message sent after every user loop had ended: handled, not counted (the end)
+_STEP: Final = 8  # a server whose part of the job is over steps its loop once: its Ending goes up
 
 
 @dataclass(frozen=True)
@@ -130,55 +140,6 @@ class SimBoards:
         return self._slots[kind]
 
 
-class _Port:
-    """The loop's port in the simulation: messages go to the engine's outbox; nothing else happens."""
-
-    def __init__(self, outbox: list[tuple[int, Message]]) -> None:
-        self.outbox = outbox
-
-    def send(self, dest: int, msg: Message) -> None:
-        self.outbox.append((dest, msg))
-
-    def poll(self) -> None:
-        return None
-
-    def kill(self, rank: int, why: str) -> bool:
-        raise SimStalled(f"the simulated farm asked to kill rank {rank} ({why}): no process dies in a simulation")
-
-    def gone(self, ranks: list[int]) -> list[int]:
-        return []
-
-    def declare_dead(self, ranks: tuple[int, ...]) -> None:
-        pass
-
-    def retire(self, why: str, last: Ledger | None = None) -> None:
-        raise SimStalled(f"a simulated rank gave itself up ({why}): no task hangs in a simulation")
-
-    def heartbeat(self) -> str:
-        return ""
-
-    def checkpoint_failed(self) -> str:
-        return ""
-
-    def write_checkpoint(self, ledger: Ledger, final: bool) -> str:
-        return ""
-
-    def load_checkpoint(self) -> tuple[None, str]:
-        return None, ""
-
-    def answer(self, token: str, outcome: dict[str, object]) -> None:
-        pass
-
-    def log(self, text: str) -> None:
-        pass
-
-    def requests(self) -> list[DrainRequest]:
-        return []
-
-    def stop_requested(self) -> bool:
-        return False
-
-
 @dataclass
 class EngineResult:
     """What one simulated run produced.
@@ -223,11 +184,13 @@ class _Agenda:
     for: the engine's most frequent steps, as methods (compiled, a method is called directly, a
     closure through Python's calling convention)."""
 
-    def __init__(self, n: int, costs: SimCosts, stations: list[Station], outbox: list[tuple[int, Message]]) -> None:
+    def __init__(self, n: int, costs: SimCosts, stations: list[Station], loops: list[Loop],
+                 outbox: list[tuple[int, Message]]) -> None:
         self.heap: list[Event] = []
         self.seq = 0
         self.c = costs
         self.stations = stations
+        self.loops = loops
         self.outbox = outbox
         self.busy_until = [0.0] * n  # a server's CPU (its thread)
         self.server_busy = [0.0] * n
@@ -240,6 +203,22 @@ class _Agenda:
         self.watched: list[list[tuple[int, int] | None]] = [[None] * n, [None] * n]  # (flags, epoch) at the last look
         self.ticket_since: dict[int, tuple[int, float]] = {}  # region-master -> (its ticket above, since when)
         self.faulty = False  # (kills or drains: limbo tickets can happen)
+        # Ranks whose part of the job is over (user loop ended, serving done): from then on each
+        # event runs a whole step of the loop, as the runtime's loop steps until it is released.
+        self.over = [False] * n
+        self.released = False  # the master released the job
+        self.totals: dict[str, Any] = {}  # ... with every live rank's statistics, merged
+        # Messages count in the servers' statistics while some user loop still runs and when their
+        # sender's part is not over: those are of the makespan, not of the end's own messages
+        # (every rank's Ending as its loop ends, the release).
+        self.running = sum(1 for st in stations if st.worker is not None)
+        self.counting = self.running > 0
+
+    def loop_over(self) -> None:
+        """A user loop ended (or its rank died while it ran)."""
+        self.running -= 1
+        if self.running <= 0:
+            self.counting = False
 
     def push(self, t: float, kind: int, r: int, payload: Any = None) -> None:
         self.seq += 1
@@ -255,15 +234,19 @@ class _Agenda:
         # Messages arrive in the order they were sent (every one takes msg_time), so a
         # server's handling slot can be booked now: first come, first served.
         c = self.c
-        stations, busy_until = self.stations, self.busy_until
+        loops, busy_until = self.loops, self.busy_until
         arrive = t + c.msg_time
+        counting = self.counting and not self.over[src]
         for dest, msg in self.outbox:
-            if stations[dest].server is not None or stations[dest].replanning.unacked:
+            if loops[dest].serving:
                 start = busy_until[dest] if busy_until[dest] > arrive else arrive
                 end = start + c.service_time
                 busy_until[dest] = end
-                self.server_busy[dest] += c.service_time
-                self.push(end, _HANDLE, dest, (src, msg))
+                if counting:
+                    self.server_busy[dest] += c.service_time
+                    self.push(end, _HANDLE, dest, (src, msg))
+                else:
+                    self.push(end, _HANDLE_LATE, dest, (src, msg))
             else:
                 self.push(arrive, _ARRIVE, dest, (src, msg))
         self.outbox.clear()
@@ -285,61 +268,60 @@ class _Agenda:
     def wake_waiters(self, r: int, t: float) -> None:
         """Wake the claimers waiting on ``r``'s boards for whom something changed: their ticket
         was published, or a flag or the epoch changed (a claimer without a ticket waits for that)."""
-        d = self.stations[r].server
+        loop = self.loops[r]
         for kind in (0, 1):
             ws = self.waiting[kind][r]
             if not ws:
                 continue
-            o = d.owners.get(kind) if d is not None else None
-            if o is None:  # (no board of that kind any more: everyone looks again)
+            board = loop.published(kind)
+            if board is None:  # (no board of that kind any more: everyone looks again)
                 for w in ws:
                     self.wake(w, t)
                 ws.clear()
                 continue
-            state = (o.flags, o.epoch)
-            changed = self.watched[kind][r] != state
-            self.watched[kind][r] = state
-            if changed:
+            flags, epoch, tail, unclaimed = board
+            seen = self.watched[kind][r]
+            if seen is None or seen[0] != flags or seen[1] != epoch:
+                self.watched[kind][r] = (flags, epoch)
                 for w in ws:
                     self.wake(w, t)
                 ws.clear()
                 continue
-            for w in ws.ready(o.tail, o.unclaimed_slots > 0):
+            for w in ws.ready(tail, unclaimed):
                 self.wake(w, t)
 
     def after_server(self, r: int, t: float) -> None:
-        """A server handled something at ``t``: wake who waits on its boards; plan its next tick."""
+        """A server handled something at ``t``: the master releases the job once every rank has
+        ended; wake who waits on its boards; plan its next tick."""
+        loop = self.loops[r]
         st = self.stations[r]
+        now_over = st.server is not None and not self.over[r] and st.closing.over
+        if now_over:
+            self.over[r] = True
+        if loop.release() or (st.closing.finished_release and not self.released):  # (or a deputy finished it)
+            self.released = True
+            # The statistics every rank sent up at the end (a later death changes who is a child).
+            self.totals = (st.closing.partial_payload if st.closing.finished_release else st.closing.payload)[1]
+            loop.report_done()  # (its last work, the report, takes no simulated time)
+            self.send_all(r, t)
         self.wake_waiters(r, t)
-        d = st.server
-        if d is None:
+        if st.server is None:
             return
-        need = math.inf
-        if isinstance(d, Region):
-            need = d.flush_at()
-            if not d.parent_final:
-                tk = d.claimer.ticket
-                if tk >= 0:  # waiting for its parent to publish that ticket
-                    self.waiters_of(d.parent, 1).add(-1 - r, tk)
-                    seen = self.ticket_since.get(r)
-                    if seen is None or seen[0] != tk:
-                        seen = self.ticket_since[r] = (tk, t)
-                    p = self.stations[d.parent].server
-                    upper = p.owners.get(1) if p is not None else None
-                    if upper is not None and upper.tail <= tk and self.last_tick[d.parent] < seen[1]:
-                        # (the parent notices a waiter on its next look; one look is enough)
-                        self.schedule_tick(d.parent, t + self.c.detect)
-                elif d.stock() < d.target():
-                    need = min(need, t + self.c.detect)  # (its own next tick refills)
-        planner = st.planner
-        if planner is not None:
-            need = min(need, planner.next_check(t))
-        if st.recovery.free:
-            need = min(need, t + self.c.detect)  # a new master's free ids go out on its next tick
-        if d.queue and any(o.waiting for o in d.owners.values()):
-            need = min(need, t + self.c.detect)  # claimers wait and there is something to publish
-        if self.faulty and any(o.limbo for o in d.owners.values()):
-            need = min(need, t + LIMBO_GRACE + self.c.detect)  # (a dead claimer's ticket: taken back after the grace)
+        if now_over:
+            self.push(t, _STEP, r)
+            return
+        wait = loop.refill_wait
+        if wait is not None:  # waiting for its parent to publish that ticket
+            parent, tk = wait
+            self.waiters_of(parent, 1).add(-1 - r, tk)
+            seen = self.ticket_since.get(r)
+            if seen is None or seen[0] != tk:
+                seen = self.ticket_since[r] = (tk, t)
+            upper = self.loops[parent].published(1)
+            if upper is not None and upper[2] <= tk and self.last_tick[parent] < seen[1]:
+                # (the parent notices a waiter on its next look; one look is enough)
+                self.schedule_tick(parent, t + self.c.detect)
+        need = loop.next_tick(t, self.c.detect, self.faulty)
         if need < math.inf and not st.done_serving:
             self.schedule_tick(r, max(need, t))
 
@@ -393,16 +375,15 @@ class Engine:
         self.boards = SimBoards(slots or (leaf, max(16, leaf // 8)))
         self.t = 0.0
         self.outbox: list[tuple[int, Message]] = []
-        port = _Port(self.outbox)
         ledger = Ledger(self.total)
         clock = self._clock
+        # (claims are timed by the engine, in simulated time: not by the workers)
         self.stations = [Station(hierarchy, r, config, clock, self.boards, self.total, ledger if r == 0 else None,
-                                 wall=clock) for r in range(n)]
-        self.loops = [Loop(st, port, checkpoint_every=1 << 62, checkpoint_interval=math.inf) for st in self.stations]
-        for st in self.stations:
-            if st.worker is not None:
-                st.worker.claims = None  # (the engine times the claims: their cost is simulated, not measured)
-                st.worker.task_times = Summary(quantiles=False)
+                                 wall=clock, measured=False) for r in range(n)]
+        self.ports = [SimPort(self.outbox) for _ in range(n)]
+        # (the planner is told the model's service time)
+        self.loops = [Loop(st, port, config.checkpoint_every, config.checkpoint_interval, service=costs.service_time)
+                      for st, port in zip(self.stations, self.ports)]
         self.kills, self.drains, self.notice = check_faults(n, config.ft, kills, drains, notice)
 
     def _clock(self) -> float:
@@ -412,22 +393,22 @@ class Engine:
         """Run to the end.
 
         Raises:
-            SimStalled: when events run out before every rank has ended (a bug, never silent).
+            SimStalled: when events run out before every rank has ended and the job was released
+                (a bug, never silent).
         """
         c = self.costs
         n = self.size
-        stations, loops, boards = self.stations, self.loops, self.boards
+        stations, loops, ports, boards = self.stations, self.loops, self.ports, self.boards
         sink = boards.sink
         cum = self.cum
         outbox = self.outbox
-        ag = _Agenda(n, c, stations, outbox)
+        ag = _Agenda(n, c, stations, loops, outbox)
         heap = ag.heap
         busy_until = ag.busy_until
         last_served = [-math.inf] * n
         tick_at = ag.tick_at
-        faulty = ag.faulty = bool(self.kills or self.drains)
+        ag.faulty = bool(self.kills or self.drains)
         last_tick = ag.last_tick
-        inbox: list[list[tuple[int, Message]]] = [[] for _ in range(n)]
         hand: list[tuple[int, int] | None] = [None] * n
         started = [0.0] * n
         last_done = [0.0] * n  # when each rank's last task ended
@@ -444,8 +425,7 @@ class Engine:
         dead = [False] * n
         deaths: list[tuple[float, int]] = []
         left: list[tuple[float, int]] = []
-        fault = fault_handler(self, stations, loops, ag.push, ag.send_all, ag.after_server, dead, ended, hand, busy_until,
-                              server_busy, deaths, inbox)
+        fault = fault_handler(self, ag, stations, loops, ports, dead, ended, hand, deaths)
         for t0, r in self.kills:
             ag.push(t0, _KILL, r)
         for k, (t0, count) in enumerate(self.drains):
@@ -471,35 +451,32 @@ class Engine:
             if kind == _ENTRY:
                 if ended[r] or (payload is None and hand[r] is not None):
                     continue  # (a wake-up for a rank that is running a range, or is over)
-                w = st.worker
-                if w is None:
+                if st.worker is None:
                     continue
-                for src, msg in inbox[r]:
-                    loop.handle(Received(src, msg))
-                inbox[r].clear()
+                if ports[r].inbox:
+                    loop.receive(1 << 30)  # (what came while it ran)
                 h = hand[r]
                 if payload == "done" and h is not None:
                     a, b = h
                     dur = cum[b] - cum[a]
                     busy += dur
                     tasks_run += b - a
-                    loop.handle(Ran(((a, b),), (), (), b - a, dur, dur / (b - a)))
+                    loop.ran(((a, b),), (), (), b - a, dur, dur / (b - a))
                     hand[r] = None
                     last_done[r] = t
-                parent = w.parent
                 sink[0] = 0
-                loop.handle(NeedIds())
+                h = loop.need_ids()
+                parent = loop.claims_from
                 cost = ag.charge(r, t, parent, sink[0])
                 ag.send_all(r, t + cost)
                 if st.server is not None:
                     ag.after_server(r, t + cost)
-                h = st.hand
                 if payload == "done" or asked[r] < 0:
                     asked[r] = t
                 if h is not None:
                     hand[r] = h
                     started[r] = t + cost
-                    level = st.info.level if w.parent != r else st.info.level + 1
+                    level = st.info.level if parent != r else st.info.level + 1
                     rt = requests.get(level)
                     if rt is None:
                         rt = requests[level] = RequestTimes()
@@ -509,37 +486,54 @@ class Engine:
                     ag.push(t + cost + (cum[b] - cum[a]), _ENTRY, r, "done")
                 elif st.ended:
                     ended[r] = True
+                    ag.loop_over()
                     makespan = max(makespan, t + cost)
                     if st.drain_requested:
                         left.append((t + cost, r))
+                    if st.server is None:
+                        # Its loop goes on until the job is released (the runtime's does, after the
+                        # user's loop): a step now sends its Ending up, unless it went early.
+                        ag.over[r] = True
+                        self.t = t + cost
+                        loop.step()
+                        ag.send_all(r, t + cost)
                 else:
-                    owner = w.parent
-                    ag.waiters_of(owner, 0).add(r, w.claimer.ticket)
-                    if (stations[owner].server is not None and not stations[owner].done_serving
-                            and last_tick[owner] < asked[r]):
+                    ag.waiters_of(parent, 0).add(r, loop.ticket)
+                    if (stations[parent].server is not None and not stations[parent].done_serving
+                            and last_tick[parent] < asked[r]):
                         # (the owner notices a waiter on its next look; it need not look again
                         # each time this waiter wakes and finds nothing)
-                        ag.schedule_tick(owner, t + cost + c.detect)
+                        ag.schedule_tick(parent, t + cost + c.detect)
             elif kind == _ARRIVE:  # at a rank that serves nobody: heard when its loop next runs
-                if faulty and ended[r]:
-                    fault(kind, r, payload, t)
-                    continue
-                inbox[r].append(payload)
-                if hand[r] is None and not ended[r]:
+                ports[r].inbox.append(payload)
+                if ended[r]:
+                    # A rank whose own loop has ended still steps its loop until the job is released
+                    # (a recovery asks it what it holds, a plan change wants its answer, the release).
+                    loop.step()
+                    ag.send_all(r, t)
+                elif hand[r] is None:
                     ag.push(t + c.poll, _ENTRY, r)  # a waiting slave polls its messages too
-            elif kind == _HANDLE:
-                src, msg = payload
+            elif kind == _HANDLE or kind == _HANDLE_LATE:
+                ports[r].inbox.append(payload)
                 sink[0] = 0
-                loop.handle(Received(src, msg))
-                if st.planner is not None:
-                    loop.handle(Served(c.service_time))  # (μ, as the runtime measures it while serving)
+                if ag.over[r]:
+                    loop.step()
+                else:
+                    loop.receive()  # (the planner is told the service time, μ, as the runtime measures it)
                 ag.send_all(r, t)
                 last_served[r] = t
                 ag.after_server(r, t)
                 if st.worker is not None and hand[r] is None and not ended[r]:
                     ag.push(t + c.poll, _ENTRY, r)  # (its own loop, if waiting, hears what changed too)
-                level = st.info.level
-                handled.setdefault(level, [0, 0, 0])[1] += 1
+                if kind == _HANDLE:
+                    handled.setdefault(st.info.level, [0, 0, 0])[1] += 1
+            elif kind == _STEP:  # (on its CPU; the end's: not counted)
+                start = busy_until[r] if busy_until[r] > t else t
+                self.t = start
+                loop.step()
+                busy_until[r] = start + c.service_time
+                ag.send_all(r, start + c.service_time)
+                ag.after_server(r, start + c.service_time)
             elif kind != _TICK:
                 fault(kind, r, payload, t)
             else:  # _TICK
@@ -550,26 +544,31 @@ class Engine:
                 last_tick[r] = start
                 self.t = start
                 sink[0] = 0
-                loop.handle(Tick())
+                loop.step()
                 cost = c.service_time
-                d = st.server
-                if isinstance(d, Region):
-                    cost += ag.charge(r, start, d.parent, sink[0])
+                up = loop.refills_from
+                if up >= 0:
+                    cost += ag.charge(r, start, up, sink[0])
                 busy_until[r] = start + cost
                 server_busy[r] += cost
+                handled.setdefault(st.info.level, [0, 0, 0])[2] += 1
                 ag.send_all(r, start + cost)
                 ag.after_server(r, start + cost)
-                handled.setdefault(st.info.level, [0, 0, 0])[2] += 1
         for r in range(n):
             if stations[r].worker is not None and not ended[r] and not dead[r]:
-                w = stations[r].worker
                 raise SimStalled(
-                    f"the simulation ran out of events at t={self.t:.6g} s with rank {r} still waiting "
-                    f"({w.state.value if w else '?'}); committed {stations[0].ledger.n_committed if stations[0].ledger else '?'}"
-                    f" of {self.total}")
-        for st in stations:
-            if isinstance(st.server, Region) and st.server.requests.total.n:
-                requests.setdefault(st.info.level, RequestTimes()).merge(st.server.requests)
+                    f"the simulation ran out of events at t={self.t:.6g} s with rank {r} still waiting for ids "
+                    f"(ticket {loops[r].ticket} on rank {loops[r].claims_from}'s board); committed "
+                    f"{stations[0].ledger.n_committed if stations[0].ledger else '?'} of {self.total}")
+        master = next(s for s in stations if s.ledger is not None and s.is_master and not dead[s.rank])
+        assert master.ledger is not None
+        if not ag.released:
+            raise SimStalled(f"the simulation ran out of events at t={self.t:.6g} s with every rank's loop over, "
+                             f"but the master (rank {master.rank}) never released the job")
+        # The region-masters' claims upward, from the statistics every rank sent up at the end (as a
+        # job's report has them: a dead rank's are lost with it).
+        for level, rt in sorted(ag.totals.get("requests", {}).items()):
+            requests.setdefault(level, RequestTimes()).merge(rt)
         by_level: dict[int, list[float]] = {}
         for st in stations:
             if st.server is not None or server_busy[st.rank]:
@@ -577,12 +576,11 @@ class Engine:
                 lv[0] += server_busy[st.rank]
                 lv[1] = max(lv[1], server_busy[st.rank])
                 handled.setdefault(st.info.level, [0, 0, 0])[0] += 1
-        master = next(s for s in stations if s.ledger is not None and s.is_master and not dead[s.rank])
-        assert master.ledger is not None
+        planner = master.planner
         return EngineResult(
             makespan=makespan, busy=busy, tasks_run=tasks_run, events=events, ledger=master.ledger,
             requests=requests, handled=handled, server_busy=by_level, stations=stations,
-            decisions=master.planner.report() if master.planner is not None else [],
+            decisions=planner.report() if planner is not None else [],
             plans=list(master.plans),
             deaths=deaths, drained=left,
             failures=[as_dict(f) for st in stations if not dead[st.rank] for f in st.recovery.failures],

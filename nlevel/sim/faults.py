@@ -3,13 +3,13 @@
 Kept apart from the engine's hot loop: a run without kills or drains never calls in here.
 
 * a **kill** ``(time, rank)``: the rank's later events are dropped (the engine skips them),
-  messages to it are lost, and every survivor gets ``Died((rank,))`` ``notice`` seconds later;
-  a server handles the notice on its CPU (``service_time``), as a message;
-* a **drain** ``(time, count)``: the master gets an operator's ``DrainRequest(count=...)`` (it takes
-  the ``count`` highest-ranked slaves); ``(time, -count)``: the same number of slaves, spread
-  evenly over the slaves (``DrainRequest(ranks=...)``), so no region loses all of its own;
-* a message to a rank whose own loop has ended is handled at once (the runtime's loop keeps
-  answering until the job releases it: a recovery asks it what it holds).
+  messages to it are lost, and every survivor gets ``Died((rank,))`` ``notice`` seconds later,
+  read by its loop behind its messages; a server handles the notice on its CPU
+  (``service_time``), as a message;
+* a **drain** ``(time, count)``: the master's loop finds an operator's ``DrainRequest(count=...)``
+  at its control step, on its CPU (it takes the ``count`` highest-ranked slaves);
+  ``(time, -count)``: the same number of slaves, spread evenly over the slaves
+  (``DrainRequest(ranks=...)``), so no region loses all of its own.
 
 Pure Python.
 """
@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from ..roles.events import Died, DrainRequest, Received
+from ..roles.events import Died, DrainRequest
 from ..roles.loop import Loop
 from ..roles.station import Station
+from .port import SimPort
 
 __all__ = ["check_faults", "fault_handler", "as_dict"]
 
-_ENTRY, _ARRIVE = 0, 1  # (the engine's own kinds, which a fault may schedule or hand over)
+_ENTRY = 0  # (the engine's own kind, which a fault may schedule)
 _KILL, _DIED, _DRAIN = 4, 5, 6
 
 
@@ -62,27 +63,28 @@ def as_dict(record: Any) -> dict[str, Any]:
         return {"record": repr(record)}
 
 
-def fault_handler(engine: Any, stations: list[Station], loops: list[Loop], push: Any, send_all: Any,
-                  after_server: Any, dead: list[bool], ended: list[bool], hand: list[tuple[int, int] | None],
-                  busy_until: list[float], server_busy: list[float], deaths: list[tuple[float, int]],
-                  inbox: list[list[tuple[int, Any]]]) -> Any:
-    """The handler of the opt-in fault events of ``engine``'s run (kills, failure notices, drains, and
-    messages to a rank whose loop has ended); ``fault(kind, rank, payload, t)``."""
+def fault_handler(engine: Any, ag: Any, stations: list[Station], loops: list[Loop], ports: list[SimPort],
+                  dead: list[bool], ended: list[bool], hand: list[tuple[int, int] | None],
+                  deaths: list[tuple[float, int]]) -> Any:
+    """The handler of the opt-in fault events of ``engine``'s run (kills, failure notices, drains) on its
+    agenda ``ag`` (the pending events, the servers' CPUs); ``fault(kind, rank, payload, t)``."""
     c = engine.costs
     notice = engine.notice
     n = engine.size
+    push, send_all, after_server = ag.push, ag.send_all, ag.after_server
+    busy_until, server_busy, over = ag.busy_until, ag.server_busy, ag.over
 
-    def serve(r: int, t: float, event: Any) -> float:
-        # (a server handles a notice or a request on its own CPU, as it handles a message)
-        st = stations[r]
-        if st.server is None:
-            loops[r].handle(event)
+    def serve(r: int, t: float, act: Callable[[], Any]) -> float:
+        # (a server runs a step for a notice or a request on its own CPU, as it handles a message)
+        if stations[r].server is None:
+            act()
             return t
         start = busy_until[r] if busy_until[r] > t else t
         busy_until[r] = start + c.service_time
-        server_busy[r] += c.service_time
+        if ag.counting and not over[r]:
+            server_busy[r] += c.service_time
         engine.t = start
-        loops[r].handle(event)
+        act()
         return start + c.service_time
 
     def fault(kind: int, r: int, payload: Any, t: float) -> None:
@@ -90,6 +92,8 @@ def fault_handler(engine: Any, stations: list[Station], loops: list[Loop], push:
             alive = [x for x in range(n) if not dead[x]]
             if len(alive) < 2:
                 return  # (the last rank standing is not killed: nobody would be left to finish)
+            if stations[r].worker is not None and not ended[r]:
+                ag.loop_over()
             dead[r] = True
             hand[r] = None
             deaths.append((t, r))
@@ -97,22 +101,15 @@ def fault_handler(engine: Any, stations: list[Station], loops: list[Loop], push:
                 if x != r:
                     push(t + notice, _DIED, x, r)
         elif kind == _DIED:
-            # What reached it before the notice first, as the runtime's loop reads its messages
+            # Behind what reached it before the notice, as the runtime's loop reads its messages
             # before it learns of a death (the deputy's last copies from the master among them).
-            for src, msg in inbox[r]:
-                loops[r].handle(Received(src, msg))
-            inbox[r].clear()
-            done = serve(r, t, Died((payload,)))
+            ports[r].inbox.append(Died((payload,)))
+            done = serve(r, t, loops[r].step if over[r] else loops[r].receive)
             send_all(r, done)
             if stations[r].server is not None:
                 after_server(r, done)
             if stations[r].worker is not None and hand[r] is None and not ended[r]:
                 push(done + c.poll, _ENTRY, r)  # (it may claim from a new parent now)
-        elif kind == _ARRIVE:
-            # A rank whose own loop has ended still answers (as the runtime's does until the
-            # job releases it): a recovery asks it what it holds.
-            loops[r].handle(Received(*payload))
-            send_all(r, t)
         elif kind == _DRAIN:
             k, count = payload
             m = next((x for x in range(n) if not dead[x] and stations[x].is_master), None)
@@ -130,7 +127,8 @@ def fault_handler(engine: Any, stations: list[Station], loops: list[Loop], push:
                 take = min(-count, len(slaves))
                 step = len(slaves) / take
                 request = DrainRequest(f"sim-drain-{k}", ranks=tuple(slaves[int(i * step)] for i in range(take)))
-            done = serve(m, t, request)
+            ports[m].asks.append(request)  # (the operator's request, found by the master's control step)
+            done = serve(m, t, loops[m].control)
             send_all(m, done)
             after_server(m, done)
 

@@ -3,8 +3,8 @@
 The simulated farm runs nlevel's own state machines: one
 :class:`~nlevel.roles.station.Station` per rank, laid out by
 :func:`nlevel.model.hierarchy.build`, exactly as :mod:`nlevel.runtime.rank` runs them over MPI.
-Only time is simulated (:mod:`nlevel.sim.engine` decides when each Station call
-happens)::
+Only time is simulated (:mod:`nlevel.sim.engine` decides when each step of every rank's
+:class:`~nlevel.roles.loop.Loop` happens)::
 
     python -m nlevel.sim --procs 32768 --task-time 2:5 --tasks-per-proc 100 --plan auto --json
 
@@ -34,8 +34,9 @@ Timing model
   master to take the N highest-ranked slaves out of the job, as an operator's drain request
   does (``N/spread@WHEN``: N slaves spread evenly over the regions); each finishes the range it
   runs, then leaves.
-* **Not modelled:** MPI launch, checkpoint writes, network distance beyond the given
-  latencies, the cost of relaunching a job (roll-back: see ``bench/paper_tables.py``).
+* **Not modelled:** MPI launch, checkpoint writes (asked and answered, at no cost), network
+  distance beyond the given latencies, the cost of relaunching a job (roll-back: see
+  ``bench/paper_tables.py``).
 
 The plan: ``--plan classic`` (2 levels), ``--plan levels=3,regions=128`` (with optional
 ``prefetch=``, ``chunk=`` and ``serve_only=``; ``regions=16x8`` for 4 levels) or ``--plan

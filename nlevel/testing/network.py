@@ -26,7 +26,7 @@ from ..model.hierarchy import build
 from ..model.plan import Plan
 from ..ranges import RangeSet
 from ..roles.board import LocalMemory
-from ..roles.events import Died, DrainRequest, Overran, Received, ReleaseJob, ReportDone
+from ..roles.events import Died, DrainRequest, Overran, Received, ReleaseJob
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import TEAM_DEATH, Message, TaskFailure
@@ -133,6 +133,14 @@ class _Port:
     def stop_requested(self) -> bool:
         return self.net.stop and self.rank == self.net.master()
 
+    def release_job(self, ledger: Ledger, stopped: bool, erred: bool) -> ReleaseJob:
+        rows, stats = self.net.stations[self.rank].closing.payload
+        self.net.report = {"rows": rows, "failures": stats["failures"], "master": self.rank}
+        return ReleaseJob(0, self.net.report)
+
+    def given_up_end(self, code: int, given_up: tuple[int, ...]) -> None:
+        pass
+
 
 @dataclass
 class _User:
@@ -225,7 +233,7 @@ class Network:
         # loop still steps (the runtime's thread, while a task runs) and is told when the task overruns
         self.retired: dict[int, str] = {}  # ranks that left the job (Abandon of themselves)
         self.disk_error = ""
-        self.report: dict[str, object] | None = None
+        self.report: dict[str, Any] | None = None
         self.notices: dict[int, list[int]] = {}  # survivor -> dead ranks it has not heard of yet
         # (a resumed job: the checkpoint file it resumed from holds the earlier run's commits)
         self.disk: Ledger | None = _copy(self.ledger0) if self.ledger0.n_committed else None
@@ -343,14 +351,9 @@ class Network:
                                                               if u.until > now and r not in silent]
         pool = servers + waiting + ending + busy
         master = self.master() if self.live() else None
-        if master is not None and master not in self.hung and stations[master].closing.released is None:
-            ready = stations[master].closing.ready
-            if ready is not None:
-                rows, stats = ready
-                self.report = {"rows": rows, "failures": stats["failures"], "master": master}
-                self.loops[master].handle(ReleaseJob(0, self.report))
-                self.loops[master].handle(ReportDone())  # (its end is instant here)
-                return True
+        if master is not None and master not in self.hung and self.loops[master].release():
+            self.loops[master].report_done()  # (its end is instant here)
+            return True
         if not pool and not live and not runnable and not noticed:
             return False
         if pool:

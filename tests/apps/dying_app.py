@@ -49,11 +49,12 @@ def _master_after_release(how):
     """The master (rank 0) gets SIG``how`` as soon as it has released every rank (its deputy's release deferred)."""
     import signal
 
+    from nlevel.roles.loop import Loop
     from nlevel.runtime import farm
 
     if os.environ.get("OMPI_COMM_WORLD_RANK", "0") != "0":
         return
-    release = farm.FarmRuntime._release
+    release = Loop.release
     if how == "KILL-REPORT":  # (the end done, the report built: only nlevel.run's writing of the file is left)
         end = farm.FarmRuntime.end
 
@@ -73,11 +74,13 @@ def _master_after_release(how):
         how = "KILL"
 
     def release_then_die(self):
-        release(self)
+        if not release(self):
+            return False
         open(os.path.join(LOG_DIR, "master-released"), "a").close()
         os.kill(os.getpid(), getattr(signal, "SIG" + how))
+        return True
 
-    farm.FarmRuntime._release = release_then_die
+    Loop.release = release_then_die
 
 
 def _die_in_setup(step, rank):

@@ -388,6 +388,96 @@ def test_a_driver_calling_a_station_method_is_found(tmp_path):
                                   "nlevel/runtime/farm.py:7: st.planner.tick()"]
 
 
+#: Drivers outside the roles: they may read a station and its parts, never call into a part nor
+#: change one (roles/loop.py is the roles' side of the loop: it answers their questions).
+OUTSIDE = ("runtime", "sim", "testing", "api.py")
+#: Drivers that reach a station only through its loop (:class:`~nlevel.roles.loop.Loop`), even for ``handle``.
+THROUGH_THE_LOOP = ("sim", "testing/network.py")
+
+
+def _part_expr(e: ast.expr, stations: set[str], parts: set[str]) -> bool:
+    """Whether ``e`` denotes a station's part: ``st.worker``, or a name bound to one (``w = st.worker``)."""
+    if isinstance(e, ast.Name):
+        return e.id in parts
+    return isinstance(e, ast.Attribute) and e.attr in PARTS and _station_expr(e.value, stations)
+
+
+def _files(package: Path, rels: tuple[str, ...]) -> list[Path]:
+    out: list[Path] = []
+    for rel in rels:
+        path = package / rel
+        if path.exists():
+            out += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return out
+
+
+def part_reaches(package: Path) -> list[str]:
+    """In the drivers outside the roles: calls into a station's part through a name bound to it
+    (``d = st.server; d.stock()``), and writes into a part (``st.worker.claims = None``, ``w.x += 1``);
+    in the simulator and the in-process network, also a station's own ``handle`` (their loop calls it)."""
+    out = []
+    for p in _files(package, OUTSIDE):
+        through_loop = p in _files(package, THROUGH_THE_LOOP)
+        tree = ast.parse(p.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+                continue
+            stations: set[str] = set()
+            parts: set[str] = set()
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Assign):
+                    pairs = [(t, n.value) for t in n.targets]
+                    if isinstance(n.targets[0], ast.Tuple) and isinstance(n.value, ast.Tuple):
+                        pairs = list(zip(n.targets[0].elts, n.value.elts))
+                    for t, v in pairs:
+                        if isinstance(t, ast.Name) and _station_expr(v, stations):
+                            stations.add(t.id)
+                        elif isinstance(t, ast.Name) and _part_expr(v, stations, parts):
+                            parts.add(t.id)
+            for n in ast.walk(fn):
+                where = f"{p.relative_to(package.parent)}:{getattr(n, 'lineno', 0)}"
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+                    v = n.func.value
+                    if isinstance(v, ast.Name) and v.id in parts:
+                        out.append(f"{where}: {ast.unparse(n.func)}()")
+                    elif through_loop and n.func.attr == "handle" and _station_expr(v, stations):
+                        out.append(f"{where}: {ast.unparse(n.func)}() (not through its loop)")
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target] \
+                    if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else []
+                for t in targets:
+                    base = t
+                    while isinstance(base, (ast.Attribute, ast.Subscript)):
+                        base = base.value
+                        if _part_expr(base, stations, parts):
+                            out.append(f"{where}: {ast.unparse(t)} = ...")
+                            break
+    return sorted(set(out))
+
+
+def test_drivers_outside_the_roles_neither_call_into_nor_change_a_stations_parts(real):
+    """Issue 35: the simulator once timed claims by overwriting ``worker.claims`` and woke claimers by
+    reading ``claimer.ticket``; what a driver needs is an argument, an event, or what the loop says."""
+    assert part_reaches(PACKAGE) == []
+
+
+def test_a_driver_reaching_into_a_stations_part_is_found(tmp_path):
+    pkg = make(tmp_path, {
+        "sim/engine.py": "def f(stations, loops):\n    st = stations[0]\n    st.worker.claims = None\n"
+                         "    w = st.worker\n    w.task_times = 1\n    w.n += 1\n    d = st.server\n"
+                         "    d.stock()\n    st.handle(1)\n    loops[0].handle(1)\n    x = d.queue\n",
+        "runtime/farm.py": "def f(self):\n    self.station.handle(1)\n    self.station.server.owners[0] = 1\n",
+        "roles/loop.py": "def f(self):\n    self.station.worker.claims = None\n",
+    })
+    assert part_reaches(pkg) == [
+        "nlevel/runtime/farm.py:3: self.station.server.owners[0] = ...",
+        "nlevel/sim/engine.py:3: st.worker.claims = ...",
+        "nlevel/sim/engine.py:5: w.task_times = ...",
+        "nlevel/sim/engine.py:6: w.n = ...",
+        "nlevel/sim/engine.py:8: d.stock()",
+        "nlevel/sim/engine.py:9: st.handle() (not through its loop)",
+    ]
+
+
 def positional_costs(roots: list[Path]) -> list[str]:
     """Constructions of ``Costs`` or ``SimCosts`` with positional arguments (both hold several
     seconds in a row: an order mistaken is a plan computed from the wrong costs)."""

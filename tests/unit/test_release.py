@@ -7,11 +7,12 @@ import pytest
 from nlevel.config import Config
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
-from nlevel.roles.events import Send
+from nlevel.roles.events import ReleaseJob, Send
 from nlevel.roles.ledger import Ledger
+from nlevel.roles.loop import Loop
 from nlevel.roles.messages import Release
 from nlevel.roles.station import Station
-from nlevel.testing.network import LocalBoards
+from nlevel.testing.network import LocalBoards, Network
 
 
 def master(ft: str, failed: frozenset[int]) -> Station:
@@ -47,3 +48,43 @@ def test_otherwise_only_the_deputy_waits_and_only_under_fault_tolerance(ft, fail
     st = master(ft, failed)
     assert released(st.closing.release(0, {})) == now
     assert released(st.closing.release_deputy()) == held
+
+
+class _Recording:
+    """The part of a port the end uses, recording what it is asked in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def send(self, dest, msg):
+        self.calls.append(("send", dest, msg.pending))
+
+    def given_up_end(self, code, given_up):
+        self.calls.append(("given_up_end", code, given_up))
+
+
+def test_the_loop_sends_the_held_releases_once_after_saying_the_job_ended_with_ranks_given_up():
+    """The launcher waits for every process, and a rank given up may never end: the master says the
+    job is over (runtime: end.json) before the releases it held back, once."""
+    st = master("off", frozenset({3}))
+    st.recovery.given_up = {3}
+    port = _Recording()
+    loop = Loop(st, port)  # type: ignore[arg-type]
+    loop.handle(ReleaseJob(75))
+    assert port.calls == [("send", 1, True)]
+    assert loop.report_done()
+    assert port.calls[1:] == [("given_up_end", 75, (3,)), ("send", 5, False), ("send", 4, False), ("send", 2, False),
+                              ("send", 1, False)]
+    assert not loop.report_done() and len(port.calls) == 6  # once
+
+
+@pytest.mark.parametrize("ft", ["on", "off"])
+def test_the_in_process_farm_is_released_by_the_masters_loop_once_every_rank_has_ended(ft):
+    net = Network(6, Plan(2), 60, seed=1, config=Config(levels=2, fault_tolerance=ft))
+    loop = net.loops[0]
+    assert not loop.release()  # (nobody has ended yet)
+    out = net.run()
+    assert out.report is not None and out.report["master"] == 0 and len(out.report["rows"]) == 6
+    assert all(st.closing.released is not None for st in net.stations)
+    assert loop.final_written and net.disk is not None and net.disk.n_committed == 60
+    assert not loop.release() and not loop.report_done()  # once each
