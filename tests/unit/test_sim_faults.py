@@ -90,7 +90,7 @@ def test_a_recovery_that_waited_for_a_second_death_counts_from_it():
     d = make_durations(n * 20, task_time=(1.0, 3.0), seed=1)
     cfg = Config(levels=3, regions=(4,), chunk=1, fault_tolerance="on", lease=1e9)
     alone = Engine(build(n, plan), cfg, d, SimCosts(msg_time=5e-5, service_time=5e-4), kills=[(5.0, 12)]).run()
-    [first] = alone.recovery.failures
+    [first] = alone.failures
     assert first["waited_ms"] is None and first["recovery_ms"] > 300  # (slaves answer between tasks of 1-3 s)
     r = Engine(build(n, plan), cfg, d, SimCosts(msg_time=5e-5, service_time=5e-4), kills=[(5.0, 12), (5.04, 13)]).run()
     exactly_once(r, len(d))
