@@ -4,7 +4,8 @@
 
 Each rank runs a user's own ``get_task_id`` loop (``bench/scripts/bounded_loop.py``) and records
 its resident memory right after its first call (the farm is set up) and its peak (``VmHWM``) at
-the end; the checkpoint is written throughout (every 2 s), and the report says how often. The
+the end; the checkpoint is written throughout (every 2 s), and the report says how often, with
+how many bytes (each write appends what is new to the journal; see docs/checkpoint.md). The
 target (issue 35): every rank's peak within 50 MB of its start. Writes the result with its command
 and commit (:mod:`provenance`).
 """
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         "met": bool(growth) and max(growth) <= TARGET_MB and proc.returncode == 0,
         "plan_history": report.get("plan_history"), "committed": report.get("committed"),
         "checkpoint_writes": (report.get("checkpoint") or {}).get("writes"),
+        # (writes, appends, compactions, bytes written, the last write's time: a write costs what is new)
+        "checkpoint": report.get("checkpoint"),
         "stderr_tail": proc.stderr[-2000:] if proc.returncode else "",
     }
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)

@@ -4,20 +4,87 @@ Committing an id twice is counted (``recomputed``) but records it once, and its 
 result is dropped: the completion record and the results are exactly-once. Ids are a
 :class:`~nlevel.ranges.RangeSet` and results live in flat typed arrays, so memory
 grows with the number of id ranges and results, not with ``total``. Pure Python.
+
+A ledger that :meth:`~Ledger.track`-s its changes tells the checkpoint what is new since it last
+asked (:meth:`~Ledger.changes`, a :class:`Changes`), so a write appends what is new instead of
+rewriting everything.
 """
 
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
-from ..ranges import RangeSet
+from ..ranges import Ranges, RangeSet
 from .messages import TaskFailure
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Ledger"]
+__all__ = ["Changes", "Ledger"]
+
+
+def _coalesce(ranges: list[tuple[int, int]]) -> Ranges:
+    """The ranges sorted, those that overlap or touch joined (``ranges`` is sorted in place)."""
+    ranges.sort()
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What a ledger recorded since the checkpoint last took its changes (see :meth:`Ledger.changes`).
+
+    Applied in order to what the checkpoint held before, a ledger's successive changes give the
+    ledger as it is: ``completed`` holds only ids committed since (none of them committed before),
+    ``result_ids``/``result_values`` the results appended since, in order.
+    """
+
+    completed: Ranges                       # sorted, disjoint, non-adjacent ranges newly committed
+    result_ids: array[int]                  # ids of the results appended since ('q')
+    result_values: array[float]             # their values, ``width`` numbers per id ('d')
+    width: int = 1                          # numbers per result
+    failed: tuple[TaskFailure, ...] = ()    # failure records new or replaced
+    unfailed: tuple[int, ...] = ()          # ids no longer recorded failed (committed since)
+    timeouts: tuple[tuple[int, int], ...] = ()  # (id, count) new or changed
+    untimed: tuple[int, ...] = ()           # ids whose timeout count is gone (run again: --retry-failed)
+    n_committed: int = 0                    # ids committed in all, these changes included
+
+    @property
+    def empty(self) -> bool:
+        """Whether nothing changed (``n_committed`` aside)."""
+        return not (self.completed or self.result_ids or self.failed or self.unfailed or self.timeouts
+                    or self.untimed)
+
+    def then(self, later: Changes) -> Changes:
+        """These changes followed by ``later`` (taken from the same ledger afterwards), as one."""
+        failed = {f.id: f for f in self.failed}
+        unfailed = set(self.unfailed)
+        for f in later.failed:
+            failed[f.id] = f
+            unfailed.discard(f.id)
+        for tid in later.unfailed:
+            failed.pop(tid, None)
+            unfailed.add(tid)
+        timeouts = dict(self.timeouts)
+        untimed = set(self.untimed)
+        for tid, k in later.timeouts:
+            timeouts[tid] = k
+            untimed.discard(tid)
+        for tid in later.untimed:
+            timeouts.pop(tid, None)
+            untimed.add(tid)
+        return Changes(_coalesce(list(self.completed) + list(later.completed)), self.result_ids + later.result_ids,
+                       self.result_values + later.result_values, later.width, tuple(failed.values()),
+                       tuple(sorted(unfailed)), tuple(sorted(timeouts.items())), tuple(sorted(untimed)),
+                       later.n_committed)
 
 
 class Ledger:
@@ -61,6 +128,13 @@ class Ledger:
         #: Failures recorded by earlier runs that this run runs again (see :meth:`retry_failed`):
         #: they stay recorded (in the checkpoint) until the id is committed or fails again.
         self.retrying: dict[int, TaskFailure] = {}
+        # What changed since the checkpoint last took the changes (None: not tracked, see track()):
+        # ranges committed (each new when logged), ids whose failure record changed, the results'
+        # length and the timeout counts then.
+        self._added: list[tuple[int, int]] | None = None
+        self._touched: set[int] = set()
+        self._results_mark = 0
+        self._timeouts_then: dict[int, int] = {}
 
     @property
     def committed(self) -> RangeSet:
@@ -85,10 +159,14 @@ class Ledger:
         for tid, f in other.failed.items():  # (a new master from the file alone must not lose /failed)
             if tid not in self.committed and tid not in self.failed and tid not in self.retrying:
                 self.failed[tid] = f
+                if self._added is not None:
+                    self._touched.add(tid)
         fresh = other.committed.copy()
         fresh.remove_ranges(self.committed.ranges())
         if not fresh:
             return 0
+        if self._added is not None:
+            self._added.extend(fresh.ranges())
         width = self.width
         values = other.result_values
         for k, tid in enumerate(other.result_ids):
@@ -104,6 +182,8 @@ class Ledger:
         if failure.id not in self.committed:
             self.failed[failure.id] = failure
             self.retrying.pop(failure.id, None)
+            if self._added is not None:
+                self._touched.add(failure.id)
 
     def retry_failed(self) -> list[int]:
         """Run the failed ids again in this run (``--retry-failed``); return them, sorted.
@@ -151,21 +231,30 @@ class Ledger:
                     fresh_results.append((i, v))
         new = 0
         asked = 0
+        added = self._added
         for a, b in done:
             x = a  # what [a, b) adds beyond the large set goes to the recent one
             for c, d in committed.within(a, b):
                 if x < c:
+                    if added is not None:
+                        _log_new(added, recent, x, c)
                     new += recent.add(x, c)
                 x = d
             if x < b:
+                if added is not None:
+                    _log_new(added, recent, x, b)
                 new += recent.add(x, b)
             asked += b - a
             if self.failed:
                 for tid in [t for t in self.failed if a <= t < b]:
                     del self.failed[tid]
+                    if added is not None:
+                        self._touched.add(tid)
             if self.retrying:
                 for tid in [t for t in self.retrying if a <= t < b]:
                     del self.retrying[tid]
+                    if added is not None:
+                        self._touched.add(tid)
         self.recomputed += asked - new
         for i, v in fresh_results:
             self.result_ids.append(i)
@@ -211,3 +300,69 @@ class Ledger:
         if self.width > 1:
             values = values.reshape(-1, self.width)
         return completed, np.array(self.result_ids, dtype=np.int64), values
+
+    # -- what changed, for the checkpoint ---------------------------------------------------------
+    def track(self) -> None:
+        """Count changes from now on: the checkpoint holds this ledger as it is now, and
+        :meth:`changes` says what is new since. Results must only ever be appended."""
+        self._added = []
+        self._touched = set()
+        self._results_mark = len(self.result_ids)
+        self._timeouts_then = dict(self.timeouts)
+
+    def untrack(self) -> None:
+        """Stop counting changes (the checkpoint's next write must hold the whole ledger)."""
+        self._added = None
+        self._touched = set()
+        self._timeouts_then = {}
+
+    @property
+    def tracked(self) -> bool:
+        """Whether :meth:`changes` can say what is new (see :meth:`track`)."""
+        return self._added is not None
+
+    def changes(self) -> Changes:
+        """What was committed, recorded failed or timed out since :meth:`track` or the previous
+        call, then count again from now. Costs what changed (the timeout counts aside: compared whole,
+        they are few).
+
+        Raises:
+            RuntimeError: the ledger does not track its changes.
+        """
+        added = self._added
+        if added is None:
+            raise RuntimeError("the ledger does not track its changes (track() first)")
+        mark, width = self._results_mark, self.width
+        ids = self.result_ids[mark:]
+        values = self.result_values[mark * width :]
+        failed: list[TaskFailure] = []
+        unfailed: list[int] = []
+        for tid in sorted(self._touched):
+            record = self.failed.get(tid) or self.retrying.get(tid)
+            if record is not None:
+                failed.append(record)
+            else:
+                unfailed.append(tid)
+        timeouts: list[tuple[int, int]] = []
+        untimed: list[int] = []
+        then = self._timeouts_then
+        if then != self.timeouts:
+            timeouts = sorted((tid, k) for tid, k in self.timeouts.items() if then.get(tid) != k)
+            untimed = sorted(tid for tid in then if tid not in self.timeouts)
+            self._timeouts_then = dict(self.timeouts)
+        out = Changes(_coalesce(added), ids, values, width, tuple(failed), tuple(unfailed), tuple(timeouts),
+                      tuple(untimed), self.n_committed)
+        self._added = []
+        self._touched = set()
+        self._results_mark = len(self.result_ids)
+        return out
+
+
+def _log_new(added: list[tuple[int, int]], recent: RangeSet, a: int, b: int) -> None:
+    """Log the parts of ``[a, b)`` that ``recent`` lacks (what adding it commits anew)."""
+    for c, d in recent.within(a, b):
+        if a < c:
+            added.append((a, c))
+        a = d
+    if a < b:
+        added.append((a, b))

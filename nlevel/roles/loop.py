@@ -286,7 +286,7 @@ class Loop:
             return
         error = self.port.checkpoint_failed()
         if error and not st.stopped:
-            # The old checkpoint is intact (every write replaces it atomically); going on would
+            # The old checkpoint is intact (a failed write leaves the files as they were); going on would
             # run tasks whose completions cannot be kept. Stop cleanly; the same command resumes.
             self.checkpoint_error = error
             self.port.log(f"{error}; stopping the job (tasks running now finish; free space, then run the same "

@@ -393,6 +393,7 @@ class FarmRuntime:
             self.writer = ckpt.Writer(path, meta)
             os.makedirs(control.control_dir(path), exist_ok=True)  # operators' requests (python -m nlevel.drain)
             self._ledger = snap.ledger(total, self.width)
+            self._ledger.track()  # (the files hold it as it is now: each write appends what changed since)
         if self.retry_failed:
             again = self._ledger.retry_failed()
             shown = ", ".join(map(str, again[:20])) + (f" ... ({len(again)} in all)" if len(again) > 20 else "")

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..config import Config
 from ..errors import CheckpointError, NlevelError
 from ..roles.events import DrainRequest, Overran, Ran, ReleaseJob, UserError
-from ..roles.ledger import Ledger
+from ..roles.ledger import Changes, Ledger
 from ..roles.loop import Loop
 from ..roles.messages import KillRequest, Message, TaskFailure
 from ..roles.recovery import successors
@@ -189,6 +189,7 @@ class MpiPort:
         if self.checkpoint is None or self.meta is None:
             return ""
         if self.lost is not None:
+            ledger.untrack()  # (never written again: nothing to count)
             self.checkpoint_error = self.lost
             return self.lost.problem
         from . import checkpoint as ckpt
@@ -196,14 +197,21 @@ class MpiPort:
         try:
             if self.writer is None:
                 self.writer = ckpt.Writer(self.checkpoint, self.meta)  # a new master
-            completed, ids, values = ledger.arrays()
-            snap = ckpt.Snapshot(completed, ids, values, failed=ledger.recorded_failed(),
-                                 timeouts=tuple(sorted(ledger.timeouts.items())))
+            item: ckpt.Snapshot | Changes
+            if ledger.tracked:  # the file holds this ledger as it was at the previous write: append what is new
+                item = ledger.changes()
+            else:  # a new master's ledger (its copy, or the file's merged in): written whole, once
+                completed, ids, values = ledger.arrays()
+                item = ckpt.Snapshot(completed, ids, values, failed=ledger.recorded_failed(),
+                                     timeouts=tuple(sorted(ledger.timeouts.items())))
+                ledger.track()
             if final:
-                self.writer.close(snap)
+                self.writer.close(item)
             else:
-                self.writer.submit(snap)
+                self.writer.submit(item)
         except Exception as exc:  # recorded; the job still ends cleanly (the old file is intact)
+            if not isinstance(exc, CheckpointError):  # (not taken by the writer: the next write holds all)
+                ledger.untrack()
             self.checkpoint_error = exc
             return str(exc)
         return ""

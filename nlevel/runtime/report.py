@@ -230,6 +230,8 @@ def build_report(
             "writes": getattr(writer, "writes", None),
             "bytes_written": getattr(writer, "bytes_written", None),
             "last_write_s": getattr(writer, "last_write_seconds", None),
+            "appends": getattr(writer, "appends", None),  # (writes that appended what was new to the journal)
+            "compactions": getattr(writer, "compactions", None),  # (the journal folded into a new base)
         }
     return report
 

@@ -5,9 +5,11 @@ when the checkpoint was last written, whether a running job holds it now (and si
 and the rate and ETA while it runs. Three files feed it, all optional but the checkpoint:
 
 * the checkpoint (``RUN.h5``): opened read-only without HDF5's file lock, attributes and the
-  small ``/failed`` dataset only. The writer replaces the file with ``os.replace``, so an
-  open reader keeps reading a whole (old) file and the writer never waits for it; a file
-  that vanishes between two calls (``--fresh`` moved it aside) is tried once more.
+  small ``/failed`` dataset only, then the JSON parts of its journal's records (``RUN.h5.journal``:
+  their counts, time and failure records; the arrays are skipped). The writer replaces the
+  file with ``os.replace`` and only appends to the journal, so an open reader keeps reading a
+  whole (old) file and the writer never waits for it; a file that vanishes between two calls
+  (``--fresh`` moved it aside) is tried once more.
 * the job's own record, ``RUN.h5.control/status.json``: written by rank 0 (:class:`Recorder`)
   every few seconds with the plan running now and why, the model's state, and the rate
   measured over the last half minute. Why a record and not two reads of the checkpoint:
@@ -162,11 +164,16 @@ def read_checkpoint(path: str) -> dict[str, Any]:
                     "version": _text(a.get("version")),
                 }
                 rows = f["failed"][()] if "failed" in f else []
-                out["failed"] = [
-                    {"id": int(r["id"]), "kind": _text(r["kind"]), "attempts": int(r["attempts"]), "rank": int(r["rank"]),
-                     "host": _text(r["host"]), "error": _text(r["error"])} for r in rows
-                ]
-                return out
+                failed = {
+                    int(r["id"]): {"id": int(r["id"]), "kind": _text(r["kind"]), "attempts": int(r["attempts"]),
+                                   "rank": int(r["rank"]), "host": _text(r["host"]), "error": _text(r["error"])}
+                    for r in rows
+                }
+                token = _text(a.get("journal")) if "journal" in a else None
+            if token is not None:
+                _journal_into(out, failed, path, token)
+            out["failed"] = list(failed.values())
+            return out
         except FileNotFoundError:
             if attempt == 0:
                 time.sleep(0.05)  # moved aside (or replaced) between two calls: once more
@@ -184,6 +191,26 @@ def read_checkpoint(path: str) -> dict[str, Any]:
         except (KeyError, TypeError) as exc:
             raise ValueError(f"{path} is not a readable nlevel checkpoint (missing {exc})") from exc
     raise FileNotFoundError(path)
+
+
+def _journal_into(out: dict[str, Any], failed: dict[int, dict[str, Any]], path: str, token: str) -> None:
+    """Apply the JSON parts of the journal of the checkpoint read into ``out`` and ``failed`` (when it is
+    the journal of that base: a stale one, or none, changes nothing)."""
+    from . import journal
+
+    try:
+        with open(journal.beside(path), "rb") as f:
+            head, metas = journal.scan_file(f)
+    except (OSError, journal.NotAJournal):
+        return  # (none, or not ours: the base alone is what the files say for sure)
+    if head.get("token") != token:
+        return
+    for m in metas:
+        for row in m.get("failed", ()):
+            failed[int(row["id"])] = {k: row[k] for k in ("id", "kind", "attempts", "rank", "host", "error")}
+        for tid in m.get("unfailed", ()):
+            failed.pop(int(tid), None)
+        out["n_completed"], out["updated"] = int(m["n_completed"]), _text(m.get("updated"))
 
 
 def read_json(path: str) -> dict[str, Any] | None:

@@ -50,13 +50,14 @@ def checkpoint_doubles(checkpoint: str | os.PathLike[str]) -> int | None:
     a master's death the survivors report again what they had sent it, by design; the ledger
     keeps the first.)
     """
-    try:
-        import h5py
-        import numpy as np
+    import numpy as np
 
-        with h5py.File(checkpoint, "r", locking=False) as f:
-            ids = np.asarray(f["result_ids"][...]) if "result_ids" in f else np.zeros(0, np.int64)
-    except (OSError, KeyError):
+    from nlevel.errors import CheckpointError
+    from nlevel.runtime import checkpoint as ckpt
+
+    try:
+        ids = ckpt.stored_result_ids(checkpoint)  # (the base's and its journal's, repeats kept)
+    except (OSError, KeyError, CheckpointError):
         return None
     return int(len(ids) - len(np.unique(ids)))
 

@@ -1,6 +1,7 @@
 """Tests of nlevel.runtime.checkpoint: round trips, every refusal and the Writer thread.
 
-The crash-safety tests that kill or limit a writer process are tests/e2e/test_checkpoint_kill.py.
+The crash-safety tests that kill or limit a writer process are tests/e2e/test_checkpoint_kill.py; the
+journal's (appends, compactions, torn tails, kills) are tests/unit/test_checkpoint_journal.py.
 """
 
 from __future__ import annotations
