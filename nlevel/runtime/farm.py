@@ -26,12 +26,12 @@ from .._version import __version__
 from ..config import Config
 from ..errors import CheckpointError, ConfigError, NlevelError, PlanError
 from ..model.hierarchy import Hierarchy, build, check_nodes, fit_nodes, nodes_of
+from ..roles.board import HEAD
 from ..roles.events import Ran, ReleaseJob, ReportDone, Tick
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.station import Station
 from . import control, machine, signals, window
-from .backoff import Backoff
 from .identity import identity
 from .rank import MpiPort, Runner, clock, prepare_takeover
 from .startwatch import mark, mark_end, start_records
@@ -53,6 +53,12 @@ def _layout(config: Config | None) -> tuple[tuple[int, int], bool]:
         cfg = Config()  # (rank 0 tells every rank what is wrong with the settings)
     n = cfg.board_slots
     return (n, max(16, n // 8)), cfg.grants == "two-sided"
+
+
+def _head(boards: Any, rank: int, kind: int) -> int:
+    """The HEAD word of this rank's own board ``kind``: local memory where the window allows, else an atomic read."""
+    word = boards.own_word(kind, HEAD)
+    return word if word is not None else boards(rank, kind).get(HEAD)
 
 
 def _check_total(total: Any) -> str | None:
@@ -101,7 +107,7 @@ class FarmRuntime:
         self.setup_deaths: list[dict[str, Any]] = []  # ranks (of the user's communicator) dead during set-up
         # Under ULFM a death inside the set-up collectives must not hang or fail the job: every survivor revokes
         # the set-up's communicator, they shrink and set up again (farm ranks renumbered; the report maps them).
-        recover = setup_recovery(config)
+        recover = self._recover = setup_recovery(config)
         base = self.user_comm
         while True:
             try:
@@ -266,10 +272,11 @@ class FarmRuntime:
                 "also computes needs; use serve_only='all' (--serve-only all) or an MPI with thread support")
         self.boards, self.grants_note = self._boards(
             cfg, boards, window_failed, "" if two_sided else window.self_test_problem([r[4] for r in rows]), slots)
-        if cfg.ft:
+        if cfg.ft and not self._recover:
             # Nobody runs a task before every rank is out of the set-up collectives: a task that
             # ends its process (os._exit) while a slower rank is still inside the window's
-            # creation would make Open MPI's osc/sm abort the whole job.
+            # creation would make Open MPI's osc/sm abort the whole job. (With the set-up's
+            # recovery, the agreement that closes it does this: nobody leaves it before all came.)
             t.comm.Barrier()
 
     def _start(self) -> None:
@@ -298,6 +305,8 @@ class FarmRuntime:
         self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided",
                              pulse=t.thread_multiple)
         self.loop.running = self.runner.task_running
+        boards, rank = self.boards, self.rank
+        self.runner.head = lambda kind: _head(boards, rank, kind)
         if self.rank == 0 or cfg.ft:  # (the master, or a rank that may become master)
             self.runner.after_step = self._release_when_ended
             self.runner.prepare_takeover = prepare_takeover if path else None
@@ -561,17 +570,9 @@ class FarmRuntime:
         The master, once every live rank's statistics are in, writes the last checkpoint and
         the report, then releases everyone; a rank that becomes master meanwhile does it.
         """
-        runner, st, loop = self.runner, self.station, self.loop
-        backoff = Backoff(self.config.poll_max)  # (the end is on every rank's critical path: a short job waits for it)
-        while st.released is None:
-            runner.raise_error()
-            with runner.lock:
-                n = loop.step()
-                self._release_when_ended()
-            if n:
-                backoff.reset()
-            else:
-                backoff.wait()
+        st = self.station
+        # (the end is on every rank's critical path: a short job waits for it; the runner's one waiting policy)
+        self.runner.wait(lambda: st.released, after=self._release_when_ended, serving=False)
 
     def _release_when_ended(self) -> None:
         """The master, under the runner's lock: release everyone once every live rank has ended."""
