@@ -236,10 +236,10 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measure(repeat: int, quick: bool, bytecode: str, timeout: float, cases: list[str] | None = None,
-            log: Any = None, cpu: bool = False) -> dict[str, Any]:
+            log: Any = None, cpu: bool = False, source: str = ROOT) -> dict[str, Any]:
     """Every case, both scripts alternately ``repeat`` times; the runs and their summaries (``cpu``: with
-    each rank's CPU time per thread, see :data:`_CPU_ON`)."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NLEVEL_TTY="0")
+    each rank's CPU time per thread, see :data:`_CPU_ON`; ``source``: the nlevel checkout measured)."""
+    env = dict(os.environ, PYTHONPATH=source + os.pathsep + os.environ.get("PYTHONPATH", ""), NLEVEL_TTY="0")
     out: dict[str, Any] = {"bytecode": bytecode, "repeat": repeat, "cases": {}}
     with tempfile.TemporaryDirectory(prefix="nlevel-user-script-") as workdir:
         if bytecode == "cached":
@@ -388,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per launch (default 300)")
     p.add_argument("--cpu", action="store_true", help="also record each rank's CPU time and context switches per "
                    "thread, from the import to the last call (robust on a shared machine, unlike wall time)")
+    p.add_argument("--source", default=ROOT, help="the nlevel checkout whose package the scripts import (default: "
+                   "this one; e.g. a `git worktree` of another commit, to compare)")
     p.add_argument("--json", help="write the runs, their medians and the targets here (with the command and commit)")
     return p
 
@@ -403,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     prov = provenance.record(argv=[os.path.abspath(__file__), *(argv if argv is not None else sys.argv[1:])])
     started = time.time()
     data = measure(repeat, args.quick, args.bytecode, args.timeout, cases,
-                   log=lambda s: print(s, file=sys.stderr, flush=True), cpu=args.cpu)
+                   log=lambda s: print(s, file=sys.stderr, flush=True), cpu=args.cpu,
+                   source=os.path.abspath(args.source))
     data["seconds"] = time.time() - started
     for r in rows(data):
         print(" | ".join(r))
