@@ -1,6 +1,6 @@
 """What a user's script sees: nlevel beside ``mpi4py.util.sync.Counter``, each in a fresh script per run.
 
-    .venv/bin/python bench/user_script.py [--quick] [--repeat 5] [--json FILE]
+    .venv/bin/python bench/user_script.py [--quick] [--repeat 5] [--cases short-ulfm] [--cpu] [--json FILE]
 
 ``bench/compare.py`` times a farm inside a process that has run one already: imports, the
 first window and the code's first execution are paid before it starts the clock. A user's
@@ -26,6 +26,12 @@ The cases are issue 35's: a 2-task farm at 2 ranks; 600
 tasks of [2, 5] ms at 2 ranks; 1,200 at 4 ranks under ``--with-ft ulfm``; zero-work tasks at
 2 ranks. Overhead is ``1 - sum(task time) / (N x time)``. The two scripts run alternately,
 ``--repeat`` times each; medians are reported, with the smallest and largest value.
+
+``--cpu`` adds, per rank and per thread (main, nlevel-server, nlevel-pulse, MPI's own), the CPU
+time and the voluntary (waits) and involuntary (preemptions) context switches from the import to
+the last call, and where each rank's time went besides its tasks (its first call, its later calls,
+from its last task to its last return): on a shared machine CPU time moves far less than wall
+time. ``--source DIR`` measures another checkout (a ``git worktree`` of another commit).
 
 Bytecode: each run is a new interpreter, which compiles every module it finds no bytecode
 for. An installed package has its bytecode; a checkout under ``PYTHONDONTWRITEBYTECODE=1``
