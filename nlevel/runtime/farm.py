@@ -44,13 +44,22 @@ if TYPE_CHECKING:  # (imported by a farm that has a checkpoint: numpy and h5py c
 __all__ = ["FarmRuntime"]
 
 
-def _layout(config: Config | None) -> tuple[tuple[int, int], bool]:
-    """The window's layout under ``config`` (None: the environment's): the ring sizes of the leaf
-    and the upper board, and whether grants are two-sided (no window at all)."""
+def _settings(config: Config | None) -> Config | None:
+    """``config``, else the environment's settings (read once per set-up); None when they are bad
+    (rank 0 tells every rank what is wrong with them)."""
+    if config is not None:
+        return config
     try:
-        cfg = config if config is not None else Config.from_env()
+        return Config.from_env()
     except NlevelError:
-        cfg = Config()  # (rank 0 tells every rank what is wrong with the settings)
+        return None
+
+
+def _layout(cfg: Config | None) -> tuple[tuple[int, int], bool]:
+    """The window's layout under ``cfg`` (None: bad settings, the defaults'): the ring sizes of the
+    leaf and the upper board, and whether grants are two-sided (no window at all)."""
+    if cfg is None:
+        cfg = Config()
     n = cfg.board_slots
     return (n, max(16, n // 8)), cfg.grants == "two-sided"
 
@@ -163,11 +172,12 @@ class FarmRuntime:
         failure: BaseException | None = None
         # Every rank reads the window's layout from its own settings (rank 0's decision is not
         # known yet); a rank whose settings differ is told after the exchange.
-        layout = _layout(config)
+        settings = _settings(config)
+        layout = _layout(settings)
         if self.rank == 0:
             try:
                 if self._decided is None:
-                    self._decided = self._decide(total, checkpoint, fingerprint, fresh, config)
+                    self._decided = self._decide(total, checkpoint, fingerprint, fresh, settings)
                 else:  # set-up starts over after a death: the same decision for fewer processes
                     cfg0 = self._decided[0]
                     self._decided = (cfg0, cfg0.plan(self.size), *self._decided[2:])
@@ -183,10 +193,12 @@ class FarmRuntime:
         boards, seen, problem_here = (None, 0, "") if two_sided else window.allocate(t.setup_comm, self.rank, slots)
         self._early = None
         if self.rank == 0 and self._decided is not None and decided[0] == "ok" and boards is not None \
-                and not problem_here:
+                and not problem_here and not self._recover:
             # The master stocks its board before the exchange: its children's first claims, right
             # after it, find ids instead of waiting for its roles to be built (they wait in the
-            # exchange meanwhile anyway). Used only if the exchange says the window is good.
+            # exchange meanwhile anyway). Used only if the exchange says the window is good. (Not
+            # when an agreement closes the set-up: the others wait in it for the master, and stocking
+            # after it overlaps their own start, a millisecond or two of an oversubscribed node.)
             cfg0, plan0, total0 = self._decided[0], self._decided[1], self._decided[4]
             st = Station(build(self.size, plan0), 0, cfg0, clock, boards, total0, self._ledger, self.width,
                          facts={"hosts": machine.here()})
@@ -372,7 +384,7 @@ class FarmRuntime:
         if problem:
             raise ConfigError(problem)
         total = int(total)
-        config = config if config is not None else Config.from_env()
+        config = config if config is not None else Config.from_env()  # (None: bad settings; this raises why)
         from .costs import with_calibration
 
         config, costs_from, notes = with_calibration(config)  # (--levels auto: the stored calibration)

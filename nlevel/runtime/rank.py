@@ -314,6 +314,7 @@ class Runner:
         self._last_tick = 0.0  # when the loop was last looked at from the user's side (its pulse, its calls)
         self._stepped = 0.0  # when the loop's last full step was
         self._heard = 0.0  # when a server thread's last look found something
+        self._pulsed = 0.0  # when a server thread last did the pulse's duties
         self.look = SLAVE_LOOK_FT if station.ft else SLAVE_LOOK
         self._pulse_on = pulse and station.worker is not None
         #: Seconds of tasks the user's loop runs between two calls to :meth:`next_range` under
@@ -407,25 +408,35 @@ class Runner:
                                                                and bool(self.config.task_timeout)))
 
     def start(self) -> None:
-        """Start the pulse (a rank that computes) and the server thread if this rank serves others and
-        computes (see :meth:`_threaded`)."""
+        """Start the server thread if this rank serves others and computes (see :meth:`_threaded`),
+        else the pulse (a rank that computes): one thread, never both (a server thread pulses too).
+
+        Each start waits until the new thread runs (``threading``): on an oversubscribed node,
+        a millisecond or more of the first call. A server thread's pulse duties cost it nothing."""
         now = clock()
         if not self._stepped:
             self._stepped = self._last_tick = now  # (the set-up has just stepped it: the first call need not)
-        if self._pulse_on and self._pulse is None:
-            self._outside = now  # (the user's code runs until its first call)
-            self._pulse = threading.Thread(target=self._pulse_guarded, name="nlevel-pulse", daemon=True)
-            self._pulse.start()
+            if self._pulse_on:
+                self._outside = now  # (the user's code runs until its first call)
         if self._threaded() and self._thread is None:
             self._handoff = False
             if self.config.switch_interval > 0:
                 sys.setswitchinterval(self.config.switch_interval)
             self._thread = threading.Thread(target=self._serve_guarded, name="nlevel-server", daemon=True)
             self._thread.start()
+        elif self._pulse_on and self._pulse is None:
+            self._start_pulse()
+
+    def _start_pulse(self) -> None:
+        self._pulse = threading.Thread(target=self._pulse_guarded, name="nlevel-pulse", daemon=True)
+        self._pulse.start()
 
     def _serve_guarded(self) -> None:
         try:
             self.serve()
+            if self._pulse_on and self._pulse is None and not (self._handoff or self._stop.is_set()
+                                                               or self.station.ended):
+                self._start_pulse()  # (it serves no more, and its user's loop runs on: someone must pulse)
         except BaseException as exc:  # surfaced in the main thread; never a silent hang
             self.error = exc
 
@@ -455,6 +466,9 @@ class Runner:
             backoff.wait(ceiling)
             if self._thread is not me:
                 self._prepare()  # (a serve-only rank: its main thread serves)
+            elif self._pulse_on and clock() - self._pulsed >= self.look:
+                self._pulsed = clock()
+                self.pulse()  # (the pulse's duties while the user's task runs: its time limit, a team's watch)
 
     def task_running(self) -> float:
         """Seconds the user's code has spent in the task it runs now (0: none, or inside the runtime)."""
