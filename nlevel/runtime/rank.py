@@ -12,7 +12,8 @@ one look, :meth:`Runner.round`: the messages each time, the full step when somet
 * a serve-only server runs it in its main thread until the job is over;
 * a slave runs it while its user loop waits for ids or for the job's release.
 
-Every rank that computes also has a *pulse*: a thread that wakes every ``look`` seconds while
+Every other rank that computes has a *pulse* (a server thread does its duties itself: one thread
+per rank, each a millisecond of the first call to start): a thread that wakes every ``look`` seconds while
 the user's task runs, looks at the loop when nothing else has for that long (the rank beats,
 answers a recovery's question, hears a drain or a plan change, whatever its task does: a task
 of any length never makes it look hung), and tells the station when the task in hand has run
