@@ -1,6 +1,6 @@
 """What a user's script sees: nlevel beside ``mpi4py.util.sync.Counter``, each in a fresh script per run.
 
-    .venv/bin/python bench/user_script.py [--quick] [--repeat 5] [--json FILE]
+    .venv/bin/python bench/user_script.py [--quick] [--repeat 5] [--cases short-ulfm] [--cpu] [--json FILE]
 
 ``bench/compare.py`` times a farm inside a process that has run one already: imports, the
 first window and the code's first execution are paid before it starts the clock. A user's
@@ -26,6 +26,12 @@ The cases are issue 35's: a 2-task farm at 2 ranks; 600
 tasks of [2, 5] ms at 2 ranks; 1,200 at 4 ranks under ``--with-ft ulfm``; zero-work tasks at
 2 ranks. Overhead is ``1 - sum(task time) / (N x time)``. The two scripts run alternately,
 ``--repeat`` times each; medians are reported, with the smallest and largest value.
+
+``--cpu`` adds, per rank and per thread (main, nlevel-server, nlevel-pulse, MPI's own), the CPU
+time and the voluntary (waits) and involuntary (preemptions) context switches from the import to
+the last call, and where each rank's time went besides its tasks (its first call, its later calls,
+from its last task to its last return): on a shared machine CPU time moves far less than wall
+time. ``--source DIR`` measures another checkout (a ``git worktree`` of another commit).
 
 Bytecode: each run is a new interpreter, which compiles every module it finds no bytecode
 for. An installed package has its bytecode; a checkout under ``PYTHONDONTWRITEBYTECODE=1``
@@ -76,37 +82,103 @@ start = clock()
 _TAIL = """\
 last = clock()
 import json
-rows = comm.gather((start, imported, first, last, busy, n), 0)
+rows = comm.gather((start, imported, first, last, busy, n, CPU() if CPU else None, done, calls), 0)
 if comm.rank == 0:
     print("RESULT " + json.dumps(rows))
 """
-SCRIPTS = {
-    NLEVEL: _HEAD + """\
+#: ``--cpu``: where each rank's CPU went, per thread, from its import (nlevel's, or the counter's) to
+#: its last call. Run time per thread from /proc/.../schedstat (nanoseconds: /proc's stat counts
+#: 10 ms ticks), its voluntary (it waited) and involuntary (it was preempted) context switches. A
+#: Python thread that ends before the last call (nlevel's server thread and pulse are joined by the
+#: last call) is read as it ends; the other threads are MPI's own (Open MPI's progress, PMIx).
+_CPU_ON = """\
+import threading
+def _task(tid):
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        run = int(f.read().split()[0])
+    with open(f"/proc/self/task/{tid}/status") as f:
+        st = dict(ln.split(":", 1) for ln in f.read().splitlines() if "ctxt_switches" in ln)
+    return [run, int(st["voluntary_ctxt_switches"]), int(st["nonvoluntary_ctxt_switches"])]
+def _snap():
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            out[int(tid)] = _task(tid)
+        except OSError:
+            pass
+    return out
+_ended = {}
+_run = threading.Thread.run
+def _measured_run(self):
+    try:
+        _run(self)
+    finally:
+        try:
+            _ended[self.native_id] = (self.name, _task(self.native_id))
+        except OSError:
+            pass
+threading.Thread.run = _measured_run
+_at = {}
+def MARK():
+    _at.update(_snap())
+def CPU():
+    now, main = _snap(), threading.main_thread().native_id
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    for tid in set(now) | set(_ended):
+        name, end = _ended.get(tid) or (names.get(tid, "mpi"), now.get(tid))
+        name = "main" if tid == main else name
+        a = _at.get(tid, [0, 0, 0])
+        d = [e - b for e, b in zip(end, a)]
+        o = out.setdefault(name, [0, 0, 0, 0])
+        o[0] += d[0]; o[1] += d[1]; o[2] += d[2]; o[3] += 1
+    return out
+"""
+_BODY = {
+    NLEVEL: """\
 import nlevel
 imported = clock()
-busy, n = 0.0, 0
+MARK()
+busy, n, calls, done = 0.0, 0, 0.0, clock()
 tid = nlevel.get_task_id(TOTAL)
 first = clock()
 while tid >= 0:
     busy += work(tid)
     n += 1
+    done = clock()
     tid = nlevel.get_task_id(TOTAL)
-""" + _TAIL,
-    COUNTER: _HEAD + """\
+    if tid >= 0:
+        calls += clock() - done
+""",
+    COUNTER: """\
 from mpi4py.util.sync import Counter
 imported = clock()
-busy, n = 0.0, 0
+MARK()
+busy, n, calls, done = 0.0, 0, 0.0, clock()
 counter = Counter(comm=comm)
 tid = counter.next()
 first = clock()
 while tid < TOTAL:
     busy += work(tid)
     n += 1
+    done = clock()
     tid = counter.next()
+    if tid < TOTAL:
+        calls += clock() - done
 comm.Barrier()  # (every rank done before the window goes)
 counter.free()
-""" + _TAIL,
+""",
 }
+
+
+def script(name: str, cpu: bool = False) -> str:
+    """The text of script ``name`` (:data:`NLEVEL` or :data:`COUNTER`); ``cpu``: with :data:`_CPU_ON`."""
+    head = _HEAD.replace("comm.Barrier()\n", (_CPU_ON if cpu else "CPU = None\ndef MARK():\n    pass\n")
+                         + "comm.Barrier()\n", 1)
+    return head + _BODY[name] + _TAIL
+
+
+SCRIPTS = {name: script(name) for name in _BODY}
 
 #: key: (what it is, processes, nlevel-mpiexec options, tasks (full, quick), task time [lo, hi] ms)
 CASES: dict[str, tuple[str, int, list[str], tuple[int, int], tuple[float, float]]] = {
@@ -142,6 +214,13 @@ def launch(script: str, n: int, opts: list[str], total: int, work: tuple[float, 
     busy, done = sum(r[4] for r in rows), sum(r[5] for r in rows)
     if done != total:
         return {**run, "error": f"{done} tasks ran, not {total}"}
+    # Where each rank's time went besides its tasks (sums over ranks): its first call, its later calls
+    # (the last one's wait for the job's end excepted), and from its last task's end to its last return.
+    run["ranks_first_call_s"] = sum(r[2] - r[1] for r in rows)
+    run["ranks_in_calls_s"] = sum(r[8] for r in rows)
+    run["ranks_end_s"] = sum(r[3] - r[7] for r in rows)
+    if rows[0][6] is not None:  # (--cpu: each rank's threads, [ns on a CPU, waits, preemptions, threads])
+        run["cpu"] = [r[6] for r in rows]
     run.update(times, busy_s=busy, tasks=total,
                overhead_from_first_call=1.0 - busy / (n * times["from_first_call_s"]),
                overhead_script=1.0 - busy / (n * times["script_s"]),
@@ -163,16 +242,18 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measure(repeat: int, quick: bool, bytecode: str, timeout: float, cases: list[str] | None = None,
-            log: Any = None) -> dict[str, Any]:
-    """Every case, both scripts alternately ``repeat`` times; the runs and their summaries."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NLEVEL_TTY="0")
+            log: Any = None, cpu: bool = False, source: str = ROOT) -> dict[str, Any]:
+    """Every case, both scripts alternately ``repeat`` times; the runs and their summaries (``cpu``: with
+    each rank's CPU time per thread, see :data:`_CPU_ON`; ``source``: the nlevel checkout measured)."""
+    env = dict(os.environ, PYTHONPATH=source + os.pathsep + os.environ.get("PYTHONPATH", ""), NLEVEL_TTY="0")
     out: dict[str, Any] = {"bytecode": bytecode, "repeat": repeat, "cases": {}}
     with tempfile.TemporaryDirectory(prefix="nlevel-user-script-") as workdir:
         if bytecode == "cached":
             env.pop("PYTHONDONTWRITEBYTECODE", None)
             env["PYTHONPYCACHEPREFIX"] = os.path.join(workdir, "pycache")
         paths = {}
-        for name, text in SCRIPTS.items():
+        for name in SCRIPTS:
+            text = script(name, cpu)
             paths[name] = os.path.join(workdir, "nlevel_script.py" if name == NLEVEL else "counter_script.py")
             with open(paths[name], "w") as f:
                 f.write(text)
@@ -191,8 +272,53 @@ def measure(repeat: int, quick: bool, bytecode: str, timeout: float, cases: list
                     runs[s].append(launch(paths[s], n, opts, total, work, env, workdir, timeout))
             out["cases"][case] = {"case": label, "procs": n, "mpiexec_options": opts, "tasks": total, "task_ms": list(work),
                                   "median": {s: summary(r) for s, r in runs.items()}, "runs": runs}
+            if cpu:
+                out["cases"][case]["cpu"] = {s: cpu_summary(r, total) for s, r in runs.items()}
     out["targets"] = targets(out)
     return out
+
+
+def cpu_summary(runs: list[dict[str, Any]], total: int) -> dict[str, Any]:
+    """``--cpu``: per thread kind (main, nlevel-server, nlevel-pulse, mpi: MPI's own threads), the median
+    over runs of the sum over ranks: CPU ms, voluntary and involuntary context switches; and per task."""
+    ok = [r for r in runs if "cpu" in r]
+    if not ok:
+        return {}
+    names = sorted({name for r in ok for rank in r["cpu"] for name in rank})
+    out: dict[str, Any] = {}
+    for name in names + ["all"]:
+        per_run = []
+        for r in ok:
+            sums = [0, 0, 0]
+            for rank in r["cpu"]:
+                for n, v in rank.items():
+                    if name in (n, "all"):
+                        sums = [a + b for a, b in zip(sums, v)]
+            per_run.append(sums)
+        cpu_ms = statistics.median(p[0] for p in per_run) / 1e6
+        vol = statistics.median(p[1] for p in per_run)
+        inv = statistics.median(p[2] for p in per_run)
+        out[name] = {"cpu_ms": cpu_ms, "cpu_us_per_task": 1e3 * cpu_ms / total, "voluntary": vol,
+                     "involuntary": inv, "waits_per_task": vol / total,
+                     "cpu_ms_range": [min(p[0] for p in per_run) / 1e6, max(p[0] for p in per_run) / 1e6]}
+    return out
+
+
+def cpu_lines(data: dict[str, Any]) -> list[str]:
+    """``--cpu``: one line per case, script and thread kind."""
+    lines = []
+    for case, c in data["cases"].items():
+        for s, m in c["median"].items():
+            if "ranks_first_call_s" in m:
+                lines.append(f"time {case} | {s} | summed over ranks: first call {1e3 * m['ranks_first_call_s']:.1f} ms, "
+                             f"later calls {1e3 * m['ranks_in_calls_s']:.1f} ms, last task's end to last return "
+                             f"{1e3 * m['ranks_end_s']:.1f} ms")
+        for s, kinds in (c.get("cpu") or {}).items():
+            for name, m in kinds.items():
+                lines.append(f"cpu {case} | {s} | {name}: {m['cpu_ms']:.1f} ms over all ranks "
+                             f"({m['cpu_ms_range'][0]:.1f}-{m['cpu_ms_range'][1]:.1f}), {m['cpu_us_per_task']:.1f} us/task; "
+                             f"waits {m['voluntary']:.0f} ({m['waits_per_task']:.2f}/task), preempted {m['involuntary']:.0f}")
+    return lines
 
 
 def targets(data: dict[str, Any]) -> list[str]:
@@ -266,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bytecode", choices=("cached", "as-is"), default="cached",
                    help="cached: a private bytecode cache filled before measuring (default); as-is: the environment's")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per launch (default 300)")
+    p.add_argument("--cpu", action="store_true", help="also record each rank's CPU time and context switches per "
+                   "thread, from the import to the last call (robust on a shared machine, unlike wall time)")
+    p.add_argument("--source", default=ROOT, help="the nlevel checkout whose package the scripts import (default: "
+                   "this one; e.g. a `git worktree` of another commit, to compare)")
     p.add_argument("--json", help="write the runs, their medians and the targets here (with the command and commit)")
     return p
 
@@ -281,12 +411,15 @@ def main(argv: list[str] | None = None) -> int:
     prov = provenance.record(argv=[os.path.abspath(__file__), *(argv if argv is not None else sys.argv[1:])])
     started = time.time()
     data = measure(repeat, args.quick, args.bytecode, args.timeout, cases,
-                   log=lambda s: print(s, file=sys.stderr, flush=True))
+                   log=lambda s: print(s, file=sys.stderr, flush=True), cpu=args.cpu,
+                   source=os.path.abspath(args.source))
     data["seconds"] = time.time() - started
     for r in rows(data):
         print(" | ".join(r))
     for line in data["targets"]:
         print(f"targets, {line}")
+    for line in cpu_lines(data):
+        print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"provenance": prov, **data}, f, indent=1)

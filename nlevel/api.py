@@ -756,9 +756,11 @@ def _die(ft: bool) -> None:
 
 
 _active: dict[int, Farm] = {}
-# The farm of the last call and its communicator: a call that has an id in hand returns it at once.
+# The farm of the last call, its communicator and its key in _active: a call that has an id in hand
+# returns it at once, one that needs the next range goes to the runtime without a look-up.
 _last_comm: Any = None
 _last_farm: Farm | None = None
+_last_key = 0
 
 
 def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = None, comm: Any = None, *,
@@ -800,12 +802,13 @@ def get_task_id(total: int, checkpoint_file: str | os.PathLike[str] | None = Non
             farm._t = t
             farm._cur = cur + 1
             return cur
+        return _next_of(farm, _last_key)  # (the same farm's next range: no look-up)
     return _get_task_id(total, checkpoint_file, comm, fingerprint, retry_failed, ranks_per_task)
 
 
 def _get_task_id(total: int, checkpoint_file: Any, comm: Any, fingerprint: Any = None,
                  retry_failed: bool = False, ranks_per_task: int | None = None) -> int:
-    global _last_comm, _last_farm, last_report
+    global _last_comm, _last_farm, _last_key
     from .runtime import transport
 
     c = comm if comm is not None else transport.world()
@@ -818,7 +821,13 @@ def _get_task_id(total: int, checkpoint_file: Any, comm: Any, fingerprint: Any =
     elif isinstance(total, bool) or not isinstance(total, int) or total != farm.total:
         raise ConfigError(f"get_task_id called with total={total!r} while a farm with total={farm.total} is running")
     # (a call that has an id in hand returns it at once: not in teams, whose every id is a collective)
-    _last_comm, _last_farm = (comm, farm) if farm._teams is None else (None, None)
+    _last_comm, _last_farm, _last_key = (comm, farm, key) if farm._teams is None else (None, None, 0)
+    return _next_of(farm, key)
+
+
+def _next_of(farm: Farm, key: int) -> int:
+    """The next id of ``farm`` (the farm on the communicator of ``key``), out of the runtime; its end when negative."""
+    global _last_comm, _last_farm, last_report
     try:
         tid = farm.next()
     except NlevelError:

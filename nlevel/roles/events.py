@@ -9,12 +9,12 @@ Pure Python.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Union
 
 from ..ranges import Ranges
 from .ledger import Ledger
 from .messages import Message, Result, TaskFailure
+from .records import build, dataclass
 
 __all__ = [
     "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "Overran", "Served", "ReleaseJob", "ReportDone",
@@ -257,3 +257,6 @@ class Log:
 
 
 Effect = Union[Send, Kill, Abandon, GiveUp, Watch, WriteCheckpoint, LoadCheckpoint, Answer, Log]
+
+
+build(__name__)  # (every record's __init__ at once: see nlevel.roles.records)

@@ -1,5 +1,8 @@
 """The wire messages between ranks: one frozen, slotted dataclass per kind, and its MPI tag (:data:`TAGS`).
 
+(The classes are made by :func:`nlevel.roles.records.dataclass`: frozen slotted dataclasses, for a
+fraction of what making them costs ``import nlevel`` otherwise.)
+
 Ids are not granted by message: a child takes them from its parent's board with
 one-sided atomics (:mod:`nlevel.roles.board`). Messages carry what flows the other
 way, and the rare control. Task ids travel in payloads as ranges
@@ -32,12 +35,13 @@ its fields (cheap to pickle); the tag says which class it is. Pure Python, no MP
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from enum import IntEnum
 from typing import Any, Union
 
 from ..model.plan import Plan
 from ..ranges import Ranges
+from .records import build, dataclass
 
 __all__ = [
     "Tag", "Result", "TaskFailure", "TEAM_DEATH", "FailureRecord",
@@ -379,3 +383,6 @@ def decode(tag: int, payload: tuple[Any, ...]) -> Message:
         raise ValueError(f"malformed {cls.__name__} payload: {payload!r}")
     msg: Message = cls(*payload)
     return msg
+
+
+build(__name__)  # (every record's __init__ at once: see nlevel.roles.records)

@@ -26,12 +26,12 @@ from .._version import __version__
 from ..config import Config
 from ..errors import CheckpointError, ConfigError, NlevelError, PlanError
 from ..model.hierarchy import Hierarchy, build, check_nodes, fit_nodes, nodes_of
+from ..roles.board import HEAD
 from ..roles.events import Ran, Tick
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.station import Station
 from . import control, machine, signals, window
-from .backoff import Backoff
 from .identity import identity
 from .rank import MpiPort, Runner, clock, prepare_takeover
 from .startwatch import mark, start_records
@@ -44,15 +44,30 @@ if TYPE_CHECKING:  # (imported by a farm that has a checkpoint: numpy and h5py c
 __all__ = ["FarmRuntime"]
 
 
-def _layout(config: Config | None) -> tuple[tuple[int, int], bool]:
-    """The window's layout under ``config`` (None: the environment's): the ring sizes of the leaf
-    and the upper board, and whether grants are two-sided (no window at all)."""
+def _settings(config: Config | None) -> Config | None:
+    """``config``, else the environment's settings (read once per set-up); None when they are bad
+    (rank 0 tells every rank what is wrong with them)."""
+    if config is not None:
+        return config
     try:
-        cfg = config if config is not None else Config.from_env()
+        return Config.from_env()
     except NlevelError:
-        cfg = Config()  # (rank 0 tells every rank what is wrong with the settings)
+        return None
+
+
+def _layout(cfg: Config | None) -> tuple[tuple[int, int], bool]:
+    """The window's layout under ``cfg`` (None: bad settings, the defaults'): the ring sizes of the
+    leaf and the upper board, and whether grants are two-sided (no window at all)."""
+    if cfg is None:
+        cfg = Config()
     n = cfg.board_slots
     return (n, max(16, n // 8)), cfg.grants == "two-sided"
+
+
+def _head(boards: Any, rank: int, kind: int) -> int:
+    """The HEAD word of this rank's own board ``kind``: local memory where the window allows, else an atomic read."""
+    word = boards.own_word(kind, HEAD)
+    return word if word is not None else boards(rank, kind).get(HEAD)
 
 
 def _check_total(total: Any) -> str | None:
@@ -101,7 +116,7 @@ class FarmRuntime:
         self.setup_deaths: list[dict[str, Any]] = []  # ranks (of the user's communicator) dead during set-up
         # Under ULFM a death inside the set-up collectives must not hang or fail the job: every survivor revokes
         # the set-up's communicator, they shrink and set up again (farm ranks renumbered; the report maps them).
-        recover = setup_recovery(config)
+        recover = self._recover = setup_recovery(config)
         base = self.user_comm
         while True:
             try:
@@ -157,11 +172,12 @@ class FarmRuntime:
         failure: BaseException | None = None
         # Every rank reads the window's layout from its own settings (rank 0's decision is not
         # known yet); a rank whose settings differ is told after the exchange.
-        layout = _layout(config)
+        settings = _settings(config)
+        layout = _layout(settings)
         if self.rank == 0:
             try:
                 if self._decided is None:
-                    self._decided = self._decide(total, checkpoint, fingerprint, fresh, config)
+                    self._decided = self._decide(total, checkpoint, fingerprint, fresh, settings)
                 else:  # set-up starts over after a death: the same decision for fewer processes
                     cfg0 = self._decided[0]
                     self._decided = (cfg0, cfg0.plan(self.size), *self._decided[2:])
@@ -177,10 +193,12 @@ class FarmRuntime:
         boards, seen, problem_here = (None, 0, "") if two_sided else window.allocate(t.setup_comm, self.rank, slots)
         self._early = None
         if self.rank == 0 and self._decided is not None and decided[0] == "ok" and boards is not None \
-                and not problem_here:
+                and not problem_here and not self._recover:
             # The master stocks its board before the exchange: its children's first claims, right
             # after it, find ids instead of waiting for its roles to be built (they wait in the
-            # exchange meanwhile anyway). Used only if the exchange says the window is good.
+            # exchange meanwhile anyway). Used only if the exchange says the window is good. (Not
+            # when an agreement closes the set-up: the others wait in it for the master, and stocking
+            # after it overlaps their own start, a millisecond or two of an oversubscribed node.)
             cfg0, plan0, total0 = self._decided[0], self._decided[1], self._decided[4]
             st = Station(build(self.size, plan0), 0, cfg0, clock, boards, total0, self._ledger, self.width,
                          facts={"hosts": machine.here()})
@@ -266,10 +284,11 @@ class FarmRuntime:
                 "also computes needs; use serve_only='all' (--serve-only all) or an MPI with thread support")
         self.boards, self.grants_note = self._boards(
             cfg, boards, window_failed, "" if two_sided else window.self_test_problem([r[4] for r in rows]), slots)
-        if cfg.ft:
+        if cfg.ft and not self._recover:
             # Nobody runs a task before every rank is out of the set-up collectives: a task that
             # ends its process (os._exit) while a slower rank is still inside the window's
-            # creation would make Open MPI's osc/sm abort the whole job.
+            # creation would make Open MPI's osc/sm abort the whole job. (With the set-up's
+            # recovery, the agreement that closes it does this: nobody leaves it before all came.)
             t.comm.Barrier()
 
     def _start(self) -> None:
@@ -298,6 +317,8 @@ class FarmRuntime:
         self.runner = Runner(self.station, self.loop, cfg, two_sided=self.boards.kind == "two-sided",
                              pulse=t.thread_multiple)
         self.loop.running = self.runner.task_running
+        boards, rank = self.boards, self.rank
+        self.runner.head = lambda kind: _head(boards, rank, kind)
         if self.rank == 0 or cfg.ft:  # (the master, or a rank that may become master)
             self.runner.after_step = self._release_when_ended
             self.runner.prepare_takeover = prepare_takeover if path else None
@@ -363,7 +384,7 @@ class FarmRuntime:
         if problem:
             raise ConfigError(problem)
         total = int(total)
-        config = config if config is not None else Config.from_env()
+        config = config if config is not None else Config.from_env()  # (None: bad settings; this raises why)
         from .costs import with_calibration
 
         config, costs_from, notes = with_calibration(config)  # (--levels auto: the stored calibration)
@@ -554,17 +575,9 @@ class FarmRuntime:
         The master, once every live rank's statistics are in, writes the last checkpoint and
         the report, then releases everyone; a rank that becomes master meanwhile does it.
         """
-        runner, st, loop = self.runner, self.station, self.loop
-        backoff = Backoff(self.config.poll_max)  # (the end is on every rank's critical path: a short job waits for it)
-        while st.closing.released is None:
-            runner.raise_error()
-            with runner.lock:
-                n = loop.step()
-                self._release_when_ended()
-            if n:
-                backoff.reset()
-            else:
-                backoff.wait()
+        st = self.station
+        # (the end is on every rank's critical path: a short job waits for it; the runner's one waiting policy)
+        self.runner.wait(lambda: st.closing.released, after=self._release_when_ended, serving=False)
 
     def _release_when_ended(self) -> None:
         """The master, under the runner's lock: release everyone once every live rank has ended (see

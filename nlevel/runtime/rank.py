@@ -2,21 +2,23 @@
 
 :class:`MpiPort` is the loop's way to the world on an MPI rank: the transport, kills,
 the checkpoint file, the control directory and SIGUSR1. :class:`Runner` decides who
-runs the loop's steps and when:
+runs the loop and when, and how each thread waits (one policy, :class:`~nlevel.runtime.backoff.Backoff`;
+one look, :meth:`Runner.round`: the messages each time, the full step when something happened or is due):
 
-* a rank that serves others and also computes runs them in a server thread that wakes
-  every few hundred microseconds while its boards are busy and backs off to
-  ``server_period`` when they are not (it never spins, and it is never on a child's
-  grant path: children claim one-sidedly);
-* a serve-only server runs them in its main thread until the job is over;
-* a slave runs them while its user loop waits for ids, and between two ranges.
+* a rank that serves others and also computes runs it in a server thread that wakes every
+  few hundred microseconds while its boards are busy and backs off to ``server_period`` when
+  they are not (it never spins, and it is never on a child's grant path: children claim
+  one-sidedly); an idle look is a probe and a read of its boards' HEAD words;
+* a serve-only server runs it in its main thread until the job is over;
+* a slave runs it while its user loop waits for ids or for the job's release.
 
-Every rank that computes also has a *pulse*: a thread that wakes every ``look`` seconds while
-the user's task runs, steps the loop when nothing else has for that long (the rank beats,
+Every other rank that computes has a *pulse* (a server thread does its duties itself: one thread
+per rank, each a millisecond of the first call to start): a thread that wakes every ``look`` seconds while
+the user's task runs, looks at the loop when nothing else has for that long (the rank beats,
 answers a recovery's question, hears a drain or a plan change, whatever its task does: a task
 of any length never makes it look hung), and tells the station when the task in hand has run
 past ``--task-timeout``. A process that is stopped, or whose task holds the GIL, does neither:
-its parent's lease finds it.
+its parent's lease finds it. The user's loop itself enters the runtime once per range.
 
 One lock guards the station: the user's loop takes it once per range, not per id.
 """
@@ -31,12 +33,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import Config
 from ..errors import CheckpointError, NlevelError
+from ..model.cost import HORIZON
+from ..roles.board import TICKET_BITS
 from ..roles.events import DrainRequest, Overran, Ran, ReleaseJob, UserError
 from ..roles.ledger import Changes, Ledger
 from ..roles.loop import Loop
 from ..roles.messages import KillRequest, Message, TaskFailure
 from ..roles.recovery import successors
 from ..roles.station import Station
+from ..roles.watch import WATCH_PERIOD
 from . import control, signals
 from .backoff import Backoff
 
@@ -287,8 +292,29 @@ def _nothing() -> None:
     pass
 
 
+_TICKETS = (1 << TICKET_BITS) - 1
+
+#: A loop's full step (its time-driven work: boards, batches, heartbeats, leases, the planner, the
+#: master's controls and checkpoint) comes at least this often (s) in a server thread and while a rank
+#: waits; the looks between are a probe for messages, and a server's look at its boards' HEAD words
+#: (see :meth:`Runner.round`). The boards' horizon: they hold a few of these of their claimers' ids.
+TICK = HORIZON
+#: ... and in a pulse (s): a computing rank's time-driven work is at least a batch age or a watch
+#: period away (reports, heartbeats, the master's watchers); its messages are looked at every look.
+PULSE_TICK = WATCH_PERIOD
+#: A rank waiting for ids or for its release sleeps at most this fraction of the time it has waited
+#: (at least ``--poll-max``, at most a look): the end of a short job is noticed within a tenth of a
+#: millisecond, a rank waiting for minutes for the last long tasks elsewhere does not poll ten
+#: thousand times a second meanwhile.
+WAIT_FRACTION = 1 / 16
+
+
 class Runner:
     """Runs one rank's loop: in a server thread, in the main thread, or while the user's loop waits.
+
+    Every thread that runs the loop goes through :meth:`round` and waits with one policy
+    (:class:`~nlevel.runtime.backoff.Backoff`): a look at messages each time it wakes, the loop's
+    full step when something happened or is due (:data:`TICK`, :data:`PULSE_TICK`).
 
     Args:
         station: The rank's state machine.
@@ -296,6 +322,7 @@ class Runner:
         config: Settings (``poll_max``: the longest sleep of a waiting loop; ``server_period``:
             the longest sleep of an idle server thread).
         two_sided: Boards are reached by messages: a server answers them promptly.
+        pulse: Whether a computing rank has a pulse (it needs ``MPI_THREAD_MULTIPLE``).
     """
 
     def __init__(self, station: Station, loop: Loop, config: Config, two_sided: bool = False,
@@ -311,13 +338,18 @@ class Runner:
         self._wake = threading.Event()  # cuts a server thread's sleep short (the end, a stop)
         self._handoff = False  # the main thread takes over the serving: the thread returns at once
         self._old_switch = sys.getswitchinterval()
-        self._last_tick = 0.0
+        self._last_tick = 0.0  # when the loop was last looked at from the user's side (its pulse, its calls)
+        self._stepped = 0.0  # when the loop's last full step was
+        self._heard = 0.0  # when a server thread's last look found something
+        self._pulsed = 0.0  # when a server thread last did the pulse's duties
         self.look = SLAVE_LOOK_FT if station.ft else SLAVE_LOOK
+        self._pulse_on = pulse and station.worker is not None
         #: Seconds of tasks the user's loop runs between two calls to :meth:`next_range` under
-        #: fault tolerance (``Farm`` cuts a range into pieces): a survivor answers a reconciler
-        #: between two tasks, not after its whole range. 0: whole ranges (without fault tolerance
-        #: only an operator's drain needs a busy rank's look, and a range's end is soon enough).
-        self.piece = SLAVE_LOOK_FT if station.ft else 0.0
+        #: fault tolerance when the rank has no pulse (``Farm`` cuts a range into pieces): a survivor
+        #: answers a reconciler between two tasks, not after its whole range. 0: whole ranges (the
+        #: pulse looks at the messages while a task runs; without fault tolerance only an operator's
+        #: drain needs a busy rank's look, and a range's end is soon enough).
+        self.piece = SLAVE_LOOK_FT if station.ft and not self._pulse_on else 0.0
         #: Called after each step of a serving loop, under the lock (the master: release everyone
         #: as soon as the last rank has ended, without waiting for its own user loop to notice).
         self.after_step: Callable[[], None] = _nothing
@@ -326,11 +358,13 @@ class Runner:
         #: needs, prepared before one is needed (importing h5py, 30-100 ms, was most of a new
         #: master's recovery).
         self.prepare_takeover: Callable[[], Any] | None = None
+        #: The HEAD word of this rank's own board of a kind (set by the farm; None: not known), read by a
+        #: server's look to tell whether children claimed (see :meth:`_claimed`).
+        self.head: Callable[[int], int] | None = None
         self._seen: Any = None  # the hierarchy _prepare last looked at
         #: The task the user's loop runs now, as (id, since when), or None (set by the farm; read
         #: by the pulse, which tells the station when it runs past ``--task-timeout``).
         self.current_task: Callable[[], tuple[int, float] | None] | None = None
-        self._pulse_on = pulse and station.worker is not None
         self._pulse: threading.Thread | None = None
         self._pulse_stop = threading.Event()
         # Since when the user's code runs outside the runtime (None: the main thread is inside it
@@ -339,6 +373,57 @@ class Runner:
         #: Called by the pulse at each look, whatever the main thread does (a team's leader under
         #: ULFM: a death in its team revokes the team's communicators, so no rank of it waits for ever).
         self.watch: Callable[[], None] | None = None
+
+    # -- one look at the loop ------------------------------------------------------------------
+    def round(self, tick: float = TICK) -> int:
+        """One look at the loop by the thread that runs it now (under the lock); return how many
+        messages (and deaths) it handled.
+
+        The messages, always; the loop's full step (:meth:`~nlevel.roles.loop.Loop.step`) when
+        messages came, when children claimed from this rank's boards (see :meth:`_claimed`), or
+        when the last full step is ``tick`` seconds old. An idle server's look is then a probe and
+        a read of its boards' HEAD words, not its whole time-driven work (a third of a millisecond
+        of CPU on an oversubscribed node, every ``--server-period``).
+        """
+        loop = self.loop
+        now = clock()
+        if now - self._stepped >= tick or self._claimed():
+            self._stepped = now
+            return loop.step()
+        n = loop.receive()
+        if n:
+            self._stepped = clock()
+            n += loop.step()
+        return n
+
+    def _claimed(self) -> bool:
+        """Whether this rank's boards need their owner now: claimers wait, half the published stock
+        was taken since the last scan (or a ticket went to a slot in limbo), or the planner times
+        every claim. A server's boards are scanned at its full steps; between them a look reads
+        only each board's HEAD word (local memory)."""
+        d = self.station.server
+        head = self.head
+        if d is None or head is None:
+            return False
+        sampling = d.claim_log is not None
+        for kind, owner in d.owners.items():
+            if owner.ended:
+                continue
+            h = head(kind) & _TICKETS
+            if h == owner.head:
+                continue
+            if sampling or owner.limbo or h >= owner.tail or 2 * (h - owner.head) >= owner.tail - owner.head:
+                return True
+        return False
+
+    def _ceiling(self, now: float) -> float | None:
+        """The longest sleep of a server thread now (None: its own): once every id of this server is
+        out (its queue empty: the last reports end the job), at most :data:`WAIT_FRACTION` of the
+        time since it last heard something (at least ``--poll-max``)."""
+        d = self.station.server
+        if d is None or not d.ends_job or d.queue:
+            return None
+        return max(self.config.poll_max, (now - self._heard) * WAIT_FRACTION)
 
     # -- the server's side ------------------------------------------------------------------
     def _threaded(self) -> bool:
@@ -350,32 +435,46 @@ class Runner:
                                                                and bool(self.config.task_timeout)))
 
     def start(self) -> None:
-        """Start the pulse (a rank that computes) and the server thread if this rank serves others and
-        computes (see :meth:`_threaded`)."""
-        if self._pulse_on and self._pulse is None:
-            self._outside = clock()  # (the user's code runs until its first call)
-            self._pulse = threading.Thread(target=self._pulse_guarded, name="nlevel-pulse", daemon=True)
-            self._pulse.start()
+        """Start the server thread if this rank serves others and computes (see :meth:`_threaded`),
+        else the pulse (a rank that computes): one thread, never both (a server thread pulses too).
+
+        Each start waits until the new thread runs (``threading``): on an oversubscribed node,
+        a millisecond or more of the first call. A server thread's pulse duties cost it nothing."""
+        now = clock()
+        if not self._stepped:
+            self._stepped = self._last_tick = now  # (the set-up has just stepped it: the first call need not)
+            if self._pulse_on:
+                self._outside = now  # (the user's code runs until its first call)
         if self._threaded() and self._thread is None:
             self._handoff = False
             if self.config.switch_interval > 0:
                 sys.setswitchinterval(self.config.switch_interval)
             self._thread = threading.Thread(target=self._serve_guarded, name="nlevel-server", daemon=True)
             self._thread.start()
+        elif self._pulse_on and self._pulse is None:
+            self._start_pulse()
+
+    def _start_pulse(self) -> None:
+        self._pulse = threading.Thread(target=self._pulse_guarded, name="nlevel-pulse", daemon=True)
+        self._pulse.start()
 
     def _serve_guarded(self) -> None:
         try:
             self.serve()
+            if self._pulse_on and self._pulse is None and not (self._handoff or self._stop.is_set()
+                                                               or self.station.ended):
+                self._start_pulse()  # (it serves no more, and its user's loop runs on: someone must pulse)
         except BaseException as exc:  # surfaced in the main thread; never a silent hang
             self.error = exc
 
     def serve(self, until: Callable[[], bool] | None = None) -> None:
-        """Run the loop's steps until this rank serves nobody (or ``until()``), sleeping when idle."""
-        st, loop = self.station, self.loop
-        period = base = 5e-5
+        """Run the loop until this rank serves nobody (or ``until()``), sleeping when idle."""
+        st = self.station
+        me = threading.current_thread()
+        backoff = Backoff(self.period_max, event=self._wake)
         while not self._stop.is_set():
             with self.lock:
-                n = loop.step()
+                n = self.round()
                 self.after_step()
                 busy = n > 0 or self._demand()
                 # The master whose own loop is over waits for the last Endings here, promptly: its
@@ -383,13 +482,20 @@ class Runner:
                 ending = st.is_master and st.done_serving and st.ended and st.closing.released is None
                 if (st.done_serving and st.ended and not ending) or (until is not None and until()):
                     return
-                if ((st.done_serving and not ending) or self._handoff) and self._thread is threading.current_thread():
+                if ((st.done_serving and not ending) or self._handoff) and self._thread is me:
                     return  # (the main thread finishes the rank's own loop, or serves on itself)
-            period = base if busy else min(period * 2, self.config.poll_max if ending else self.period_max)
-            if self._wake.wait(period):
-                self._wake.clear()
-            if self._thread is not threading.current_thread():
+                now = clock()
+                if busy:
+                    self._heard = now
+                ceiling = self.config.poll_max if ending else self._ceiling(now)
+            if busy:
+                backoff.reset()
+            backoff.wait(ceiling)
+            if self._thread is not me:
                 self._prepare()  # (a serve-only rank: its main thread serves)
+            elif self._pulse_on and clock() - self._pulsed >= self.look:
+                self._pulsed = clock()
+                self.pulse()  # (the pulse's duties while the user's task runs: its time limit, a team's watch)
 
     def task_running(self) -> float:
         """Seconds the user's code has spent in the task it runs now (0: none, or inside the runtime)."""
@@ -407,7 +513,7 @@ class Runner:
             self.error = exc
 
     def pulse(self) -> None:
-        """While the user's code runs: step the loop if nothing has for a look, and watch the task's time."""
+        """While the user's code runs: look at the loop if nothing has for a look, and watch the task's time."""
         if self.watch is not None:
             self.watch()
         since = self._outside
@@ -428,18 +534,13 @@ class Runner:
                 self.loop.handle(Overran(task[0], now - task[1]))
             if not served:
                 self._last_tick = now
-                self._look()
+                self.round(PULSE_TICK)
                 self._serving()  # (a death or a plan change made this rank a server: it serves from now on)
 
-    def _look(self) -> None:
-        """One step of the loop by a rank that computes (under the lock), from its user's loop or its pulse."""
-        self.loop.step()
-        if self.station.ft:
-            # Open MPI's probe that finds nothing progresses the transfers after it looked: what
-            # it pulled in is found only by the next probe, a look later (measured: a survivor read
-            # a question 10-20 ms after it came). The pulse steps too: without this second probe
-            # there, masters' recoveries in the soak took 69 ms at p50 against 28 ms before the pulse.
-            self.loop.receive()
+    def _pulsing(self) -> bool:
+        """Whether this rank's pulse looks at its loop while the user's task runs."""
+        p = self._pulse
+        return p is not None and p.is_alive()
 
     def _demand(self) -> bool:
         d = self.station.server
@@ -484,10 +585,11 @@ class Runner:
             th = self._thread
             if th is None or not th.is_alive():  # (a server thread whose serving is over has ended)
                 now = clock()
-                if st.server is not None or now - self._last_tick >= self.look:
-                    # A server with no thread (one process) steps here: its checkpoint, signals and
-                    # operators. A slave busy with ids hears its messages (a drain, a plan change, a
-                    # dead master) between ranges (pieces of them), every `look` seconds: not only when it waits.
+                if st.server is not None or (now - self._last_tick >= self.look and not self._pulsing()):
+                    # A server with no thread (one process) looks here: its checkpoint, signals and
+                    # operators. A slave with no pulse hears its messages (a drain, a plan change, a
+                    # dead master) between ranges (pieces of them), every `look` seconds: not only
+                    # when it waits. (A pulse looks while the task runs: the call need not.)
                     self._last_tick = now
                     if ran is not None:
                         loop.handle(ran)  # (what ran is recorded before what the messages say)
@@ -501,18 +603,48 @@ class Runner:
             hand = loop.need_ids(ran)  # (what ran, and the next range: one event)
             if hand is not None or st.ended:
                 return hand
-        backoff = Backoff(self.config.poll_max)
+        return self.wait(loop.need_ids, or_ended=True)
+
+    def _look(self) -> None:
+        """One full step of the loop by a rank that computes (under the lock), from its user's loop."""
+        self._stepped = clock()
+        self.loop.step()
+
+    def wait(self, attempt: Callable[[], Any], or_ended: bool = False, after: Callable[[], None] = _nothing,
+             serving: bool = True) -> Any:
+        """The waits of the thread that runs the user's loop (for ids, for the job's release): look
+        at the loop (unless a server thread does) and call ``attempt()`` under the lock until it
+        returns something other than None (or, with ``or_ended``, until the loop is over here); return that.
+
+        The first look is a full step (the rank has just come to wait: what that changes, e.g. its
+        part of the end, goes out now). Sleeps between two empty looks with
+        :class:`~nlevel.runtime.backoff.Backoff`, at most :data:`WAIT_FRACTION` of the time waited
+        so far (at least ``--poll-max``, at most a look). ``after()`` follows each look, under the
+        lock. ``serving``: a death meanwhile may make this rank a server (its thread starts) or
+        next in line (it prepares); False after the end (its threads are stopped).
+        """
+        st = self.station
+        poll_max = self.config.poll_max
+        backoff = Backoff(max(poll_max, self.look))
+        since = clock()
+        tick = 0.0
         while True:
             self.raise_error()
-            self._prepare()  # (a death while this rank waits for ids may put it next in line)
-            threaded = self._serving()
+            threaded = False
+            if serving:
+                self._prepare()  # (a death while this rank waits may put it next in line)
+                threaded = self._serving()
             with self.lock:
-                if not threaded:
-                    loop.step()  # nobody else moves this rank's messages while its user loop waits
-                hand = loop.need_ids()
-                if hand is not None or st.ended:
-                    return hand
-            backoff.wait()
+                n = 0 if threaded else self.round(tick)  # (nobody else moves this rank's messages meanwhile)
+                tick = TICK
+                after()
+                got = attempt()
+                if got is not None or (or_ended and st.ended):
+                    return got
+            if n:
+                backoff.reset()
+                since = clock()
+            backoff.wait(max(poll_max, (clock() - since) * WAIT_FRACTION))
 
     def _prepare(self) -> None:
         """Run :attr:`prepare_takeover` once this rank is next in line to become master (in the

@@ -115,6 +115,12 @@ class WindowBoards:
         self._slots = slots
         self._bases = (0, words(slots[0]))
         self._mem: dict[tuple[int, int], WindowMemory] = {}
+        self._local: Any = None  # this rank's own window memory as int64 words (see own_word)
+        try:
+            if win.Get_attr(MPI.WIN_MODEL) == MPI.WIN_UNIFIED:
+                self._local = memoryview(win.tomemory()).cast("B").cast("q")
+        except (MPI.Exception, AttributeError, TypeError, ValueError):
+            pass  # (no local view: own_word answers None, the caller reads with an MPI operation)
 
     def __call__(self, rank: int, kind: int) -> WindowMemory:
         mem = self._mem.get((rank, kind))
@@ -125,8 +131,20 @@ class WindowBoards:
     def slots(self, kind: int) -> int:
         return self._slots[kind]
 
+    def own_word(self, kind: int, index: int) -> int | None:
+        """Word ``index`` of this rank's own board ``kind``, read as local memory: no MPI call (a
+        tenth of a microsecond against a flushed atomic's microseconds, tens on an oversubscribed node).
+
+        A hint, not an operation: an atomic of another rank may land just after the read (in MPI's
+        unified memory model the window is the process's memory, and an aligned 8-byte load is whole).
+        None when the model is not unified (then only an MPI operation reads the window).
+        """
+        local = self._local
+        return None if local is None else int(local[self._bases[kind] + index])
+
     def close(self, collective: bool) -> None:
         """End the access epoch; with ``collective`` (every rank alive) free the window too."""
+        self._local = None  # (a view into the memory Free gives back)
         try:
             self.win.Unlock_all()
             if collective:
@@ -324,18 +342,24 @@ class MessageBoards:
     def slots(self, kind: int) -> int:
         return self._slots[kind]
 
+    def own_word(self, kind: int, index: int) -> int | None:
+        """Word ``index`` of this rank's own board ``kind`` (local memory here)."""
+        return self.own.mem[kind].get(index)
+
     def _wait(self, owner: int) -> tuple[int, ...]:
         comm = self.transport.comm
         status = MPI.Status()
         backoff = Backoff(self.poll_max)
+        tag = int(Tag.BOARD_REPLY)
         while True:
             try:
-                m = comm.improbe(owner, int(Tag.BOARD_REPLY), status)
+                # (twice: a probe progresses the transfers after it matched, see Transport.poll)
+                m = comm.improbe(owner, tag, status) or comm.improbe(owner, tag, status)
             except MPI.Exception as exc:  # (under ULFM: the owner died, or ended the job and exited)
                 raise ConnectionError(f"rank {owner} is gone (a board operation got {exc.Get_error_string()})") \
                     from None
             if m is not None:
-                reply = decode(int(Tag.BOARD_REPLY), m.recv())
+                reply = decode(tag, m.recv())
                 assert isinstance(reply, BoardReply)
                 return reply.values
             if owner in self.dead():
