@@ -131,3 +131,20 @@ def test_a_master_dying_before_every_rank_has_its_regroup_leaves_no_rank_behind(
     out = net.run(max_steps=60_000)
     assert state["killed"]
     check(out, total)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(strict=True, reason="open: a lagging region-master's Holding claims stock its switched child gave the dead master")
+def test_a_level_2_region_that_switched_first_gives_back_stock_its_lagging_parent_still_claims():
+    """Open (found by fuzzing the tests above over plans): 4 levels, the master dies with its Regroups on
+    their way. Level-2 region-master 13 switched and handed its stock back to the master (lost with it);
+    its parent 9, still on the old plan, tells the new master its child 13 holds that stock, so the new
+    master's reconciliation requeues none of it: never committed."""
+    size, total = 17, 400
+    config = Config(levels=0, force_replan="0.3@3x3", fault_tolerance="on", report_every=4)
+    net = Network(size, Plan(4, (2, 2)), total, 175, config=config)
+    state = _kill_master_when(net, lambda n: any(src == 0 and any(type(m).__name__ == "Regroup" for m in q)
+                                                 for (src, _), q in n.channels.items()))
+    out = net.run(max_steps=60_000)
+    assert state["killed"]
+    check(out, total)
