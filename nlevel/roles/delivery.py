@@ -8,6 +8,13 @@ its own parent said safe). Until then the rank keeps the report, results include
 again should the parent die: so a region-master holds seconds of its region's results, not
 the whole job's. What a rank passed to a parent that died is kept apart (``lost_via``) for
 the reconciliation (see :mod:`nlevel.roles.failures`).
+
+Completions a rank passes straight to the master instead of up its tree (a report from an older
+plan that reached it after a switch, its region's and its own loop's at a switch) are kept the
+same way: until the master says they are safe they are this rank's, reported again should the
+master die, and only then is the rank they came from told they are safe. Passed on and
+forgotten, they were lost with a master that died before its copy to the deputy: their sender,
+still counting them as on their way to a live rank, told the new master it held them.
 """
 
 from __future__ import annotations
@@ -42,12 +49,19 @@ class Delivery:
         self.heard_seq: dict[int, int] = {}
         self.safe_seq: dict[int, int] = {}
         self.said_safe: dict[int, int] = {}
-        self.flush_covers: deque[tuple[int, dict[int, int]]] = deque()  # a region: its seq up -> children's seqs
+        # Per rank reported to: (this rank's seq to it, the seqs heard from below that report carries)
+        # (a region's flush: every child's heard so far; a relay: its sender's).
+        self.covers: dict[int, deque[tuple[int, dict[int, int]]]] = {}
         self.covered: dict[int, int] = {}  # the master: children's seqs its last copy to the deputy covered
         self.safe_told = st.clock()
+        self.reports = 0  # reports sent to another rank (a parent drops an Ending its sender's report follows)
 
-    def report_up(self, report: Report, dest: int) -> list[Effect]:
-        """Send ``report`` to ``dest`` (this rank's own server: delivered in-process), stamped with the epoch."""
+    def report_up(self, report: Report, dest: int, cover: dict[int, int] | None = None) -> list[Effect]:
+        """Send ``report`` to ``dest`` (this rank's own server: delivered in-process), stamped with the epoch.
+
+        ``cover``: the seqs heard from below whose completions ride up in it (default: a region's
+        flush to its parent carries everything its children reported so far).
+        """
         st = self.st
         if report.epoch != st.epoch and not report.orphan:
             report = replace(report, epoch=st.epoch)
@@ -59,11 +73,20 @@ class Delivery:
             report = replace(report, seq=seq)
             self.sent_done.setdefault(dest, RangeSet()).add_ranges(report.done)
             self.unsafe.setdefault(dest, deque()).append((seq, report.done, report.results))
-            if isinstance(st.server, Region) and dest == st.server.parent:
+            if cover is None and isinstance(st.server, Region) and dest == st.server.parent:
                 # (what its children reported so far rides up in this or an earlier report: once this
                 # one is safe, so are theirs)
-                self.flush_covers.append((seq, dict(self.heard_seq)))
+                cover = dict(self.heard_seq)
+            if cover:
+                self.covers.setdefault(dest, deque()).append((seq, cover))
+        self.reports += 1
         return [Send(dest, report)]
+
+    def relay(self, src: int, report: Report, master: int) -> list[Effect]:
+        """Pass ``report``, which ``src`` sent this rank under an older plan (or when this rank served
+        nobody), straight to the master; keep it until the master says it is safe, then tell ``src``."""
+        cover = {src: report.seq} if report.seq and report.done else {}
+        return self.report_up(replace(report, epoch=self.st.epoch, orphan=True, seq=0), master, cover)
 
     def heard(self, src: int, seq: int) -> None:
         """A report numbered ``seq`` came from child ``src``."""
@@ -71,21 +94,19 @@ class Delivery:
             self.heard_seq[src] = seq
 
     def on_safe(self, src: int, seq: int) -> list[Effect]:
-        """Parent ``src`` says this rank's reports to it up to ``seq`` are safe: forget them (a region
-        passes the news down to the children whose reports rode up in them)."""
+        """Parent ``src`` says this rank's reports to it up to ``seq`` are safe: forget them (and pass the
+        news down to the ranks whose reports rode up in them)."""
         q = self.unsafe.get(src)
         sent = (self.sent_done or {}).get(src)
         while q and q[0][0] <= seq:
             _, done, _ = q.popleft()
             if sent is not None:
                 sent.remove_ranges(done)
-        d = self.st.server
-        if isinstance(d, Region) and src == d.parent:
-            covers = self.flush_covers
-            while covers and covers[0][0] <= seq:
-                for child, s in covers.popleft()[1].items():
-                    if s > self.safe_seq.get(child, 0):
-                        self.safe_seq[child] = s
+        covers = self.covers.get(src)
+        while covers and covers[0][0] <= seq:
+            for child, s in covers.popleft()[1].items():
+                if s > self.safe_seq.get(child, 0):
+                    self.safe_seq[child] = s
         return []
 
     def mark_safe(self) -> None:
@@ -120,7 +141,7 @@ class Delivery:
             out.add_ranges(ranges.ranges())
         return out
 
-    def lost_with(self, dead: frozenset[int], parent_died: bool) -> tuple[RangeSet, list[tuple[int, Result]]]:
+    def lost_with(self, dead: frozenset[int]) -> tuple[RangeSet, list[tuple[int, Result]]]:
         """``dead`` died: what this rank had sent them, to report again to the new parent (completions,
         and the results it still has of them); forget every count kept with them.
 
@@ -138,6 +159,5 @@ class Delivery:
                 again_results += results
             for seqs in (self.heard_seq, self.safe_seq, self.said_safe, self.up_seq):
                 seqs.pop(x, None)
-        if parent_died:
-            self.flush_covers.clear()  # (said safe by nobody now: its reports go again to the new parent)
+            self.covers.pop(x, None)  # (what rode up to x is said safe by nobody now: it goes again to the new parent)
         return again, again_results

@@ -140,8 +140,10 @@ class Closing:
 
     def _send_ending(self, parent: int, children: list[int]) -> list[Effect]:
         w = self.st.worker
+        # (a report sent since the last Ending, its worker's or one sent again after a death, made the
+        # parent drop that Ending: a new one goes)
         key = (parent, tuple((c, id(self.endings[c])) for c in children), len(self.recovery.failures),
-               w.reports if w is not None else 0)
+               w.reports if w is not None else 0, self.recovery.delivery.reports)
         if key == self.end_key:
             return []
         self.end_key = key

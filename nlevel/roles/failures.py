@@ -92,7 +92,7 @@ class Recovery:
         outs: list[Effect] = []
         nh = build(st.size, old.plan, failed, old.out, old.node_sizes)  # (the ranks its plan left out stay out)
         # What this rank reported to the dead goes again (below) to the new parent, rather than run again.
-        again, again_results = self.delivery.lost_with(new, old[st.rank].parent in new)
+        again, again_results = self.delivery.lost_with(new)
         wall = st.wall()
         self.replanning.forget(new)  # (the dead never acknowledge a regroup)
         d = st.server
@@ -149,6 +149,8 @@ class Recovery:
                 outs += self.delivery.report_up(Report(again.ranges(), tuple(again_results), epoch=st.epoch), up)
         if took_over:
             outs += st.took_over()
+            if self.replanning.may_have_switched:
+                outs += self.replanning.announce()  # (before the questions: see Replanning.announce)
         parent = old[st.rank].parent
         if parent is not None and parent in new and st.info.parent is not None:
             # Unasked, to the new parent: it records what this rank's subtree holds.
@@ -324,7 +326,14 @@ class Recovery:
         recon = self.recon or Reconciliation(now=st.clock())
         recon.everything = True
         self.recon = recon
-        return recon.add_dead(RangeSet(), expected(old.master, old, st.failed) - {st.rank}, record), effects
+        survivors = expected(old.master, old, st.failed) - {st.rank}
+        if self.replanning.may_have_switched:
+            # After a plan switch, ids handed out under an earlier plan (the dead master's carried,
+            # never copied here) may be in the hands of ranks whose new parents do not know of
+            # them: everyone says what it holds, or they would run again. (Under --levels auto
+            # even in the first plan: the last switch's Regroup may have missed this rank.)
+            survivors = set(range(st.size)) - st.failed - {st.rank}
+        return recon.add_dead(RangeSet(), survivors, record), effects
 
     def _relayout(self, nh: Hierarchy) -> list[Effect]:
         """Give this rank the roles ``nh`` says, keeping every id it holds; return the effects."""

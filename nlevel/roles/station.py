@@ -130,7 +130,7 @@ class Station:
             self.planner = AutoPlanner(self.size, config, hierarchy.plan, total, max(1, len(hierarchy.node_sizes)))
         # The sub-machines, each given those below it (see nlevel.roles.host).
         self.delivery = Delivery(self)
-        self.replanning = Replanning(self)
+        self.replanning = Replanning(self, self.delivery)
         self.recovery = Recovery(self, self.delivery, self.replanning)
         self.closing = Closing(self, self.recovery, self.replanning)
         self.watching = Watching(self, self.recovery, self.closing)
@@ -289,7 +289,7 @@ class Station:
             self.drain_requested = True
             return []
         if isinstance(msg, Regroup):
-            return self.replanning.regroup(msg)
+            return self.replanning.regroup(src, msg)
         if isinstance(msg, Ack):
             return self.replanning.ack(src, msg)
         if isinstance(msg, Report):
@@ -301,13 +301,13 @@ class Station:
 
     def _report(self, src: int, msg: Report) -> list[Effect]:
         if msg.orphan or msg.epoch < self.epoch:
-            return self.orphan(msg)
+            return self.orphan(src, msg)
         if msg.epoch > self.epoch:
             self.replanning.future.append((src, msg))  # its sender regrouped before we did
             return []
         d = self.server
         if d is None:
-            return self.orphan(msg)  # (a stray: this rank serves nobody now)
+            return self.orphan(src, msg)  # (a stray: this rank serves nobody now)
         now = self.clock()
         if self.planner is not None and isinstance(d, Master) and msg.tasks:
             self.planner.on_tasks(msg.tasks, msg.busy, msg.busy_sq, msg.task_max, now)
@@ -598,16 +598,16 @@ class Station:
         return isinstance(self.server, Master) and self.server.stopped
 
     # -- the server's and the worker's steps -----------------------------------------------
-    def orphan(self, report: Report) -> list[Effect]:
-        """Completions and returned ids from an older epoch (or a stray sender): to the master."""
+    def orphan(self, src: int, report: Report) -> list[Effect]:
+        """Completions and returned ids ``src`` sent under an older epoch (or to a rank that serves
+        nobody now): to the master, kept here until it says they are safe (see Delivery.relay)."""
         if not (report.done or report.returned or report.failed):
             return []
         if isinstance(self.server, Master):
             self.server.take_orphan(report, self.clock())
+            self.delivery.heard(src, report.seq)  # (safe, as any report, once the deputy has the commits)
             return self.serve()
-        from dataclasses import replace
-
-        return [Send(self.hierarchy.master, replace(report, epoch=self.epoch, orphan=True))]
+        return self.delivery.relay(src, report, self.hierarchy.master)
 
     def worker_report(self, force: bool = False) -> list[Effect]:
         """The worker's batch of finished ids, if it is due (or ``force``)."""

@@ -554,12 +554,14 @@ class Engine:
                 handled.setdefault(st.info.level, [0, 0, 0])[2] += 1
                 ag.send_all(r, start + cost)
                 ag.after_server(r, start + cost)
+        live_master = next((s for s in stations if s.ledger is not None and s.is_master and not dead[s.rank]), None)
         for r in range(n):
             if stations[r].worker is not None and not ended[r] and not dead[r]:
+                # (the live master's count: rank 0's stops where it died)
                 raise SimStalled(
                     f"the simulation ran out of events at t={self.t:.6g} s with rank {r} still waiting for ids "
-                    f"(ticket {loops[r].ticket} on rank {loops[r].claims_from}'s board); committed "
-                    f"{stations[0].ledger.n_committed if stations[0].ledger else '?'} of {self.total}")
+                    f"(ticket {loops[r].ticket} on rank {loops[r].claims_from}'s board); the master committed "
+                    f"{live_master.ledger.n_committed if live_master and live_master.ledger else '?'} of {self.total}")
         master = next(s for s in stations if s.ledger is not None and s.is_master and not dead[s.rank])
         assert master.ledger is not None
         if not ag.released:

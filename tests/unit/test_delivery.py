@@ -51,7 +51,7 @@ def test_every_completion_is_kept_until_safe_and_dropped_once_safe(evs):
                 safe_ids.add_ranges(ids.ranges())
             sent[parent] = [x for x in sent[parent] if x[0] > n]
         else:
-            again, results = d.lost_with(frozenset({parent}), parent_died=False)
+            again, results = d.lost_with(frozenset({parent}))
             unsafe = RangeSet()
             for _, ids in sent[parent]:
                 unsafe.add_ranges(ids.ranges())
