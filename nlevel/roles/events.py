@@ -19,7 +19,7 @@ from .records import build, dataclass
 __all__ = [
     "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "Overran", "Served", "ReleaseJob", "ReportDone",
     "CheckpointLoaded",
-    "CheckpointWritten", "UserError", "Event",
+    "CheckpointWritten", "UserError", "TeamLost", "Event",
     "Send", "Kill", "Abandon", "GiveUp", "Watch", "WriteCheckpoint", "LoadCheckpoint", "Answer", "Log", "Effect",
 ]
 
@@ -179,8 +179,20 @@ class UserError:
     why: str
 
 
+@dataclass(frozen=True, slots=True)
+class TeamLost:
+    """This rank leads a team (``--ranks-per-task``) that lost a process: ``team`` (its index, its
+    ``members``' ranks) cannot run tasks any more; ``held``: 1 if a task was in hand (it goes back,
+    counted as a death), else 0. The rank itself lives on and serves; the report records the loss."""
+
+    team: int
+    members: tuple[int, ...]
+    why: str
+    held: int
+
+
 Event = Union[Received, Tick, Died, Ran, NeedIds, Leave, Stop, DrainRequest, Overran, Served, ReleaseJob, ReportDone,
-              CheckpointLoaded, CheckpointWritten, UserError]
+              CheckpointLoaded, CheckpointWritten, UserError, TeamLost]
 
 
 # -- effects ---------------------------------------------------------------------------------

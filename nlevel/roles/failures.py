@@ -18,7 +18,7 @@ from typing import Final
 from ..model.hierarchy import Hierarchy, Role, build
 from ..ranges import Ranges, RangeSet, Tally
 from .delivery import Delivery
-from .events import CheckpointLoaded, Effect, LoadCheckpoint, Send
+from .events import CheckpointLoaded, Effect, LoadCheckpoint, Send, TeamLost
 from .host import Host
 from .ledger import Ledger
 from .messages import FailureRecord, Gone, Holding, Message, Mirror, Report
@@ -187,6 +187,18 @@ class Recovery:
         # The checkpoint file last: the runtime reads it while the survivors answer the questions
         # sent above (read first, it delayed them: 25-45 ms of a new master's recovery).
         return outs + load
+
+    def team_lost(self, event: TeamLost) -> list[Effect]:
+        """This rank's team lost a process (see :class:`~nlevel.roles.events.TeamLost`): recorded for
+        the report (``role`` "team", this rank's number); the rank itself carries on."""
+        st = self.st
+        now = st.wall()
+        members = ", ".join(map(str, event.members))
+        record = FailureRecord(st.rank, "team", st.info.level,
+                               f"team {event.team} (ranks {members}) lost a process: {event.why}", st.rank, now,
+                               event.held)
+        self.failures.append(record.closed(event.held, (), now))
+        return []
 
     def timed_out(self, rank: int, ids: tuple[tuple[int, int], ...]) -> None:
         """Not the master: a task of ``rank`` ran past its limit; the timeout counts if this rank takes over."""

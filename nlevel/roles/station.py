@@ -44,7 +44,7 @@ from .delivery import Delivery
 from .ending import Closing
 from .events import (
     Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Kill, Leave, Log, NeedIds,
-    Overran, Ran, Received, ReleaseJob, ReportDone, Send, Served, Stop, Tick, UserError, WriteCheckpoint,
+    Overran, Ran, Received, ReleaseJob, ReportDone, Send, Served, Stop, Tick, TeamLost, UserError, WriteCheckpoint,
 )
 from .failures import Recovery
 from .ledger import Ledger
@@ -198,6 +198,9 @@ class Station:
         if kind is UserError:
             assert isinstance(event, UserError)
             return self.user_error(self.rank, event.why)
+        if kind is TeamLost:
+            assert isinstance(event, TeamLost)
+            return self.recovery.team_lost(event)
         raise TypeError(f"not an nlevel event: {event!r}")
 
     @property

@@ -144,6 +144,10 @@ class Watching:
     def watched(self) -> list[int]:
         """Ranks whose processes this rank checks are still there (its children, and the master it watches)."""
         st = self.st
+        if self.closing.released is not None:
+            # The job is over for this rank: the ranks it released exit now, and a master still
+            # writing its report must not take them for failures (nor anyone for its own master).
+            return []
         out = [r for r in (st.server.children if st.server is not None else ()) if r != st.rank]
         if self.master_watched is not None and self.master_watched not in st.failed:
             out.append(self.master_watched)

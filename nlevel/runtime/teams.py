@@ -494,16 +494,11 @@ def form(comm: Any, cfg: Config) -> Teams:
 def record_loss(rt: Any, teams: Teams, tid: int, why: str) -> None:
     """A leader's team lost a process: a failure record for the run report (``role`` "team", the
     leader's farm rank; the task it ran went back to the leader's parent, counted as a death)."""
-    from ..roles.messages import FailureRecord
+    from ..roles.events import TeamLost
 
-    st = rt.station
-    members = ", ".join(map(str, teams.lay.teams[teams.index])) if teams.index is not None else ""
+    members = tuple(teams.lay.teams[teams.index]) if teams.index is not None else ()
     with rt.runner.lock:
-        now = st.wall()
-        info = st.info
-        record = FailureRecord(rt.rank, "team", info.level, f"team {teams.index} (ranks {members}) lost a process: "
-                               f"{why}", rt.rank, now, 1 if tid >= 0 else 0)
-        st.failures.append(record.closed(1 if tid >= 0 else 0, (), now))
+        rt.loop.handle(TeamLost(teams.index if teams.index is not None else -1, members, why, 1 if tid >= 0 else 0))
 
 
 def register_last_words(teams: Teams) -> None:

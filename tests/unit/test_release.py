@@ -88,3 +88,19 @@ def test_the_in_process_farm_is_released_by_the_masters_loop_once_every_rank_has
     assert all(st.closing.released is not None for st in net.stations)
     assert loop.final_written and net.disk is not None and net.disk.n_committed == 60
     assert not loop.release() and not loop.report_done()  # once each
+
+
+def test_a_master_that_released_the_job_no_longer_watches_the_ranks_it_released():
+    """Released ranks exit while the master writes its report: found gone then, they were recorded as
+    failures of a job that had none (CI: a 3,000-id job with one slave killed reported four deaths)."""
+    from nlevel.roles.events import Watch
+    from nlevel.roles.recovery import WATCH_PERIOD
+
+    now = [0.0]
+    st = Station(build(6, Plan(2)), 0, Config(levels=2, fault_tolerance="on"), lambda: now[0], LocalBoards(), 10,
+                 Ledger(10))
+    now[0] = 2 * WATCH_PERIOD
+    assert [e.ranks for e in st.watching.watch() if isinstance(e, Watch)] == [(1, 2, 3, 4, 5)]
+    st.closing.release(0, {})
+    now[0] = 4 * WATCH_PERIOD
+    assert st.watching.watch() == []

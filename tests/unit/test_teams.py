@@ -218,3 +218,20 @@ def test_a_death_in_a_team_counts_toward_quarantine_like_a_death(plan, size):
     assert out.executed[7] == 3 and set(out.ledger.failed) == {7}  # the quarantine (3 deaths)
     assert out.ledger.failed[7].kind == "died" and "held by 3 processes that died" in out.ledger.failed[7].error
     assert out.ledger.n_committed == 39
+
+
+def test_a_leader_whose_team_lost_a_process_records_it_and_lives_on():
+    """The leader's record reaches the report through its station (CI: written into a station
+    attribute that had moved, it raised, and the leader's process died with it)."""
+    from nlevel.model.hierarchy import build
+    from nlevel.roles.events import TeamLost
+    from nlevel.roles.ledger import Ledger
+    from nlevel.roles.station import Station
+    from nlevel.testing.network import LocalBoards
+
+    st = Station(build(3, Plan(2)), 2, Config(levels=2, fault_tolerance="on"), lambda: 0.0, LocalBoards(), 40)
+    assert st.handle(TeamLost(2, (4, 5), "rank 5 died", 1)) == []
+    [record] = st.recovery.failures
+    assert (record.rank, record.role, record.held, record.requeued) == (2, "team", 1, 1)
+    assert record.how == "team 2 (ranks 4, 5) lost a process: rank 5 died"
+    assert not st.failed
