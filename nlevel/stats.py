@@ -13,6 +13,7 @@ import math
 from typing import Any, Final
 
 from ddsketch import DDSketch
+from ddsketch.mapping import LogarithmicMapping
 
 __all__ = ["Summary", "RequestTimes", "Timeline", "ACCURACY", "TIMELINE_BIN", "TIMELINE_MAX"]
 
@@ -22,6 +23,10 @@ ACCURACY: Final = 0.01
 TIMELINE_BIN: Final = 0.1
 #: Bins a server keeps at most: past it, its bins double in width (a week's job keeps 2,048, not six million).
 TIMELINE_MAX: Final = 2048
+
+
+#: The sketches' mapping from values to keys (DDSketch's default for ACCURACY).
+_MAPPING: Final = LogarithmicMapping(ACCURACY)
 
 
 class Summary:
@@ -44,6 +49,35 @@ class Summary:
         self.hi = -math.inf
         self.sketch: Any = None
         self.quantiles = quantiles
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        # Pickled small: every Ending carries a few summaries up the tree, and a message under MPI's
+        # eager limit (4 KB here) needs no rendezvous with a receiver that may not be running. A
+        # DDSketch pickles its whole store (128 bins a chunk, mostly empty) and its mapping: 1.8 KB
+        # for 300 task times against ~0.3 KB as its first key and the counts of its span of keys.
+        sk = self.sketch
+        packed: tuple[Any, ...] | None = None
+        if sk is not None:
+            store = sk._store  # (ddsketch's own serialiser, ddsketch.pb, reads it the same way)
+            counts: tuple[float, ...] = ()
+            if store.count:
+                lo, hi = store.min_key - store.offset, store.max_key - store.offset
+                counts = tuple(int(c) if float(c).is_integer() else c for c in store.bins[lo:hi + 1])
+            packed = (store.min_key, counts, sk._zero_count)
+        return (self.n, self.total, self._mean, self._m2, self.lo, self.hi, self.quantiles, packed)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self.n, self.total, self._mean, self._m2, self.lo, self.hi, self.quantiles, packed = state
+        self.sketch = None
+        if packed is not None:
+            first, counts, zeros = packed
+            sk = self._sketch()
+            key_value = _MAPPING.value
+            for i, c in enumerate(counts):
+                if c:
+                    sk.add(key_value(first + i), c)
+            if zeros:
+                sk.add(0.0, zeros)
 
     def _sketch(self) -> Any:
         sk = self.sketch

@@ -63,3 +63,32 @@ def test_a_summary_without_quantiles_keeps_no_sketch():
     for x in range(100):
         s.add(float(x))
     assert s.sketch is None and s.quantile(0.5) == 0.0 and s.mean == pytest.approx(49.5)
+
+
+@pytest.mark.parametrize("spread, most", [((2e-3, 5e-3), 800), ((1e-6, 40.0), 2500)])
+def test_a_pickled_summary_is_small_and_answers_every_quantile_as_before(spread, most):
+    """Endings carry summaries up the tree: pickled, a summary of 300 task times of [2, 5] ms stays far
+    below MPI's 4 KB eager limit (0.2 KB; ddsketch's own pickle: 1.8 KB; over 7 decades: 1.8 KB against
+    8.7 KB) and loses nothing, merged or not."""
+    import pickle
+
+    rng = random.Random(2)
+    a, b = Summary(), Summary()
+    for _ in range(300):
+        a.add(rng.uniform(*spread))
+        b.add(rng.uniform(*spread))
+    a.add(0.0)
+    b.add_many(spread[0] * 1.5, 9, hi=spread[1])
+    qs = [0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0]
+    for s in (a, b, Summary()):
+        data = pickle.dumps(s, 5)
+        t = pickle.loads(data)
+        assert len(data) < most, len(data)
+        if s.n:
+            assert len(data) < len(pickle.dumps(s.sketch, 5)) / 3
+        assert (t.n, t.total, t.mean, t.std, t.lo, t.hi) == (s.n, s.total, s.mean, s.std, s.lo, s.hi)
+        assert [t.quantile(q) for q in qs] == [s.quantile(q) for q in qs]
+    whole = pickle.loads(pickle.dumps(a, 5))
+    whole.merge(pickle.loads(pickle.dumps(b, 5)))
+    a.merge(b)
+    assert [whole.quantile(q) for q in qs] == [a.quantile(q) for q in qs]
