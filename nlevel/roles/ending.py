@@ -99,6 +99,7 @@ class Closing:
         self.pending_release: Release | None = None  # the deputy: the master is releasing everyone
         self.finished_release = False  # this rank released the job for a master that died while releasing it
         self.held_release: list[Effect] = []  # the master: releases sent once its own end is done (see release)
+        self.let_go: set[int] = set()  # the ranks this rank released: they exit now, which is no failure
 
     def forget(self, dead: frozenset[int]) -> None:
         """``dead`` died: their Endings no longer count."""
@@ -227,6 +228,7 @@ class Closing:
             self.held_release = rest
         else:
             outs += rest
+            self.let_go.update(others)
         if dep is not None:
             # Under fault tolerance the deputy's own release waits for the master's last work
             # (report, lock): until then the deputy still watches it, so a master hung in that
@@ -245,6 +247,7 @@ class Closing:
         (see :meth:`release`: the deputy's under fault tolerance; everyone's after a rank was given
         up without it); once."""
         outs, self.held_release = self.held_release, []
+        self.let_go.update(e.dest for e in outs if isinstance(e, Send))
         return outs
 
     def on_release(self, msg: Release) -> list[Effect]:

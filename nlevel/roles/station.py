@@ -217,6 +217,14 @@ class Station:
 
     def fail(self, ranks: tuple[int, ...], how: str = "ulfm", tell: bool = False) -> list[Effect]:
         """``ranks`` are dead (``tell``: this rank found out by itself, see :meth:`Recovery.fail`)."""
+        let_go = self.closing.let_go
+        if let_go and any(r in let_go for r in ranks):
+            # Released by this rank, they exit (under ULFM an exit is a death; the watch finds them
+            # gone): not failures of the job (CI: a node's ranks given up, then a healthy rank
+            # released before the master's report was recorded as dead).
+            ranks = tuple(r for r in ranks if r not in let_go)
+            if not ranks:
+                return []
         self.closing.forget(frozenset(ranks) - self.failed)  # (before the deferred messages are read again)
         return self.recovery.fail(ranks, how, tell)
 

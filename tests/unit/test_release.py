@@ -104,3 +104,17 @@ def test_a_master_that_released_the_job_no_longer_watches_the_ranks_it_released(
     st.closing.release(0, {})
     now[0] = 4 * WATCH_PERIOD
     assert st.watching.watch() == []
+
+
+def test_ranks_the_master_released_are_no_failures_when_they_exit_but_its_held_deputy_is():
+    """Under ULFM a released rank's exit is a death: told while the master writes its report, it was
+    recorded as a failure of the job (CI: a cluster job with a node given up listed a healthy rank)."""
+    from nlevel.roles.events import Died
+
+    st = master("on", frozenset())
+    st.closing.release(0, {})
+    assert st.handle(Died((2, 5), "ulfm")) == [] and not st.recovery.failures and not st.failed
+    st.handle(Died((1,), "ulfm"))  # (the deputy, whose release waits for the report: it died first)
+    assert [f.rank for f in st.recovery.failures] == [1] and st.failed == {1}
+    st.closing.release_deputy()
+    assert st.closing.let_go == {1, 2, 3, 4, 5}
