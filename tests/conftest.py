@@ -12,6 +12,10 @@ markers that sort the suite by cost.
   a failure then under ``CI=true``.
 * ``slow`` marks the longest e2e tests, so ``pytest -m "not slow"`` is a medium loop.
 
+Property tests take :func:`examples` of their written count: all of them in a whole run (CI, the
+README's command), a quarter in the inner loop (only ``tests/unit`` asked for; ``NLEVEL_TESTS_FULL=1``
+or ``CI=true`` gives it the full counts).
+
 A plain ``pytest`` runs all of it.
 """
 
@@ -27,6 +31,25 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
+
+#: Whether property tests take their full example counts (see :func:`examples`); set at configure.
+_FULL = True
+
+
+def pytest_configure(config):
+    global _FULL
+    unit = os.path.join(ROOT, "tests", "unit")
+    asked = [os.path.abspath(str(a).split("::")[0]) for a in config.args]
+    inner = bool(asked) and all(a == unit or a.startswith(unit + os.sep) for a in asked)
+    _FULL = not inner or os.environ.get("NLEVEL_TESTS_FULL") == "1" or os.environ.get("CI") == "true"
+
+
+def examples(n: int, least: int = 20) -> int:
+    """Random cases (hypothesis examples, random trials) for a test written with ``n``: ``n`` in a
+    whole run, a quarter (at least ``least``) in the inner loop, which stays under two minutes on
+    two cores."""
+    return n if _FULL else min(n, max(least, n // 4))
+
 
 def run_bounded(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)``, except

@@ -416,8 +416,10 @@ def part_reaches(package: Path) -> list[str]:
     (``d = st.server; d.stock()``), and writes into a part (``st.worker.claims = None``, ``w.x += 1``);
     in the simulator and the in-process network, also a station's own ``handle`` (their loop calls it)."""
     out = []
+    loop_driven = set(_files(package, THROUGH_THE_LOOP))
     for p in _files(package, OUTSIDE):
-        through_loop = p in _files(package, THROUGH_THE_LOOP)
+        through_loop = p in loop_driven
+        rel = p.relative_to(package.parent)
         tree = ast.parse(p.read_text())
         for fn in ast.walk(tree):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
@@ -435,7 +437,7 @@ def part_reaches(package: Path) -> list[str]:
                         elif isinstance(t, ast.Name) and _part_expr(v, stations, parts):
                             parts.add(t.id)
             for n in ast.walk(fn):
-                where = f"{p.relative_to(package.parent)}:{getattr(n, 'lineno', 0)}"
+                where = f"{rel}:{getattr(n, 'lineno', 0)}"
                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
                     v = n.func.value
                     if isinstance(v, ast.Name) and v.id in parts:
@@ -484,7 +486,10 @@ def positional_costs(roots: list[Path]) -> list[str]:
     out = []
     for root in roots:
         for p in sorted(root.rglob("*.py")):
-            for n in ast.walk(ast.parse(p.read_text())):
+            text = p.read_text()
+            if "Costs" not in text:
+                continue  # (no such call can be in it: parsing every file of three trees took 2.5 s)
+            for n in ast.walk(ast.parse(text)):
                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("Costs", "SimCosts") \
                         and n.args:
                     out.append(f"{p.relative_to(root.parent)}:{n.lineno}")

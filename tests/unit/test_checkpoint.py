@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 from nlevel.errors import CheckpointError
 from nlevel.runtime import checkpoint as ck
 
+from ..conftest import examples
+
 FP, FP_SRC = ck.fingerprint("apps.demo", {"n": 3, "seed": 1})
 META = ck.RunMeta(total=100, fingerprint=FP, fingerprint_source=FP_SRC, plan='{"levels": 2}',
                   version="0.1.0")
@@ -412,7 +414,7 @@ def snapshots(draw: st.DrawFn) -> tuple[int, ck.Snapshot]:
     return total, snap(ranges.tolist(), ids, vals)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(snapshots())
 def test_valid_snapshots_round_trip_exactly(case: tuple[int, ck.Snapshot]) -> None:
     total, s = case

@@ -28,7 +28,7 @@ from nlevel.roles.messages import TaskFailure
 from nlevel.runtime import checkpoint as ck
 from nlevel.runtime import journal
 
-from ..conftest import ROOT
+from ..conftest import ROOT, examples
 from .test_checkpoint import FP, FP_SRC, META, raw_write, sha, snap, temps
 
 BIG = ck.RunMeta(10**7, FP, FP_SRC, "{}", "0.1.0")
@@ -106,7 +106,7 @@ def test_vector_results_round_trip(tmp_path: Path) -> None:
     assert ck.load(path, META).ledger(100, 3).result_rows() == [(1.0, 2.0, 3.0), (4.0, 5.0, 6.0)]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.lists(st.lists(st.tuples(st.integers(0, 999), st.integers(1, 30)), max_size=8), max_size=25),
        st.integers(1, 6))
 def test_any_sequence_of_writes_reads_back_as_the_ledger(batches: list[list[tuple[int, int]]], every: int) -> None:
@@ -489,7 +489,7 @@ def test_sigkill_at_a_random_instant_loses_nothing_recorded(tmp_path: Path) -> N
     path = tmp_path / "ck.h5"
     rng = random.Random(20250107)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    for trial in range(6):
+    for trial in range(examples(6, least=2)):
         proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(path)], env=env, cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert proc.stdout is not None and proc.stderr is not None

@@ -14,6 +14,8 @@ from nlevel.roles.delivery import Delivery
 from nlevel.roles.events import Send
 from nlevel.roles.messages import Report, Safe
 
+from ..conftest import examples
+
 PARENTS = (1, 2, 3)
 
 events = st.lists(st.one_of(
@@ -29,7 +31,7 @@ def host() -> SimpleNamespace:
                            config=Config(), serve=lambda: [])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(events)
 def test_every_completion_is_kept_until_safe_and_dropped_once_safe(evs):
     d = Delivery(host())  # type: ignore[arg-type]

@@ -16,6 +16,8 @@ from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
 from nlevel.testing.network import LocalBoards, Network
 
+from ..conftest import examples
+
 PLANS = [
     (1, Plan(2)),
     (2, Plan(2)),
@@ -77,7 +79,7 @@ def test_every_id_exactly_once(size, plan, seed):
     check(out, total)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(case=st.sampled_from(PLANS), total=st.integers(0, 300), seed=st.integers(0, 10**6),
        chunk=st.sampled_from([0, 1, 3]), slots=st.sampled_from([(4, 2), (16, 8), (64, 16)]))
 def test_exactly_once_property(case, total, seed, chunk, slots):
@@ -260,7 +262,7 @@ def test_a_long_task_on_a_live_rank_is_never_taken_for_a_hang(ft, plan, seed):
     assert out.kills == [] and not out.dead and not out.ledger.failed
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(case=st.sampled_from(KILL_PLANS), seed=st.integers(0, 10**6),
        kills=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 15)), max_size=3),
        pieces=st.sampled_from([0.0, 0.3]))
@@ -296,7 +298,7 @@ def test_the_task_time_heard_survives_a_plan_switch(size, force, seed):
     assert len(st.plans) >= 2 and st.server.busy_below == pytest.approx(300 * 1e-3)
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(examples(20, least=5)))
 def test_a_task_that_kills_its_process_is_quarantined_alone_not_with_its_range(seed):
     """Issue 14: ids held beside a poison task died with it three times and were quarantined with it,
     some without ever running. After a death its ids are handed out one per range, so only an id

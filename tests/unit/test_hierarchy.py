@@ -5,6 +5,8 @@ from nlevel.errors import PlanError
 from nlevel.model.hierarchy import Role, build
 from nlevel.model.plan import Plan, default_regions
 
+from ..conftest import examples
+
 
 def check_tree(h):
     size = h.size
@@ -139,7 +141,7 @@ def fits(size: int, shape: tuple[int, tuple[int, ...]]) -> Plan | None:
     return plan
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.integers(2, 60), SHAPES, st.data())
 def test_failures_keep_a_tree_over_exactly_the_survivors(size, shape, data):
     plan = fits(size, shape)
@@ -187,7 +189,7 @@ def test_a_drained_rank_that_died_is_dead():
     assert h[3].role is Role.DEAD and h[4].role is Role.DRAINED and h.out == frozenset({4})
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.integers(2, 60), SHAPES, st.data())
 def test_failed_and_drained_ranks_keep_a_tree_of_the_others_under_the_lowest_survivor(size, shape, data):
     plan = fits(size, shape)

@@ -10,6 +10,8 @@ from nlevel.errors import PlanError
 from nlevel.model.hierarchy import Role, build, check_nodes, fit_nodes, node_splits, nodes_of
 from nlevel.model.plan import Plan
 
+from ..conftest import examples
+
 
 def node_of(sizes):
     out = []
@@ -37,7 +39,7 @@ def test_without_nodes_the_layout_is_unchanged():
                                                                  build(7, Plan(3, (2,)), node_sizes=(7,)).nodes]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(sizes=st.lists(st.integers(1, 6), min_size=2, max_size=6), levels=st.sampled_from([3, 4]), data=st.data())
 def test_no_region_of_a_split_across_nodes_cuts_a_node(sizes, levels, data):
     size = sum(sizes)

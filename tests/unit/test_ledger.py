@@ -8,12 +8,14 @@ from hypothesis import strategies as st
 
 from nlevel.roles.ledger import Ledger
 
+from ..conftest import examples
+
 # Batches of ranges in [0, 3000): holes filled in any order, repeats, overlaps, a resumed part.
 batch = st.lists(st.tuples(st.integers(0, 2999), st.integers(1, 12)).map(lambda p: (p[0], min(3000, p[0] + p[1]))),
                  max_size=40)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(resumed=st.lists(st.tuples(st.integers(0, 2990), st.integers(1, 9)), max_size=20), batches=st.lists(batch, max_size=60))
 def test_commits_count_new_ids_once_and_the_committed_set_is_their_union(resumed, batches):
     done = [(a, a + n) for a, n in resumed]
@@ -91,7 +93,7 @@ def _apply(state, ch):
     assert ch.n_committed == len(committed)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(resumed=st.lists(st.tuples(st.integers(0, 290), st.integers(1, 9)), max_size=10),
        steps=st.lists(step, max_size=50))
 @example(resumed=[], steps=[("commit", [(0, 5)]), ("take", True), ("commit", [(3, 8)])])

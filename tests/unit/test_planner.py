@@ -16,6 +16,8 @@ from nlevel.model.cost import Costs, Workload, predict, tail_idle
 from nlevel.model.plan import Plan
 from nlevel.model.planner import CLASSIC_UP_TO, candidates, choose_plan, first_plan
 
+from ..conftest import examples
+
 service = st.floats(1e-6, 1e-3)
 msg = st.floats(0.0, 1e-3)
 task = st.floats(1e-3, 1000.0)
@@ -26,7 +28,7 @@ def work(procs: int, mean: float, tasks_per_proc: int = 100) -> Workload:
 
 
 @given(st.integers(8, 20_000), st.floats(0.1, 100.0), st.floats(1.05, 6.0), msg)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 def test_rho_above_one_always_adds_a_level(p, t, rho, m):
     # The service time at which the master gets rho times the messages it can handle:
     # every other rank reports each task (chunk 1; tasks longer than the report age, so one
@@ -43,7 +45,7 @@ def test_rho_above_one_always_adds_a_level(p, t, rho, m):
 
 
 @given(st.integers(4, 160), st.floats(1e-3, 0.5), st.floats(1e-5, 2e-3), msg, st.floats(0.02, 0.5))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_chosen_plan_meets_c_whenever_a_brute_force_plan_does(p, t, s, m, c):
     # Brute force every 2-4 level plan with automatic chunks, every region count.
     costs, w = Costs(service_time=s, msg_time=m), work(p, t)
@@ -59,7 +61,7 @@ def test_chosen_plan_meets_c_whenever_a_brute_force_plan_does(p, t, s, m, c):
 
 
 @given(st.integers(2, 50_000), task, service, msg)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_prediction_is_sane(p, t, s, m):
     for plan in list(candidates(p, t, Costs(service_time=s, msg_time=m)))[:40]:
         pr = predict(plan, work(p, t), Costs(service_time=s, msg_time=m))

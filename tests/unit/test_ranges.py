@@ -3,13 +3,15 @@ from hypothesis import strategies as st
 
 from nlevel.ranges import RangeSet
 
+from ..conftest import examples
+
 ops = st.lists(
     st.tuples(st.sampled_from(["add", "remove", "take"]), st.integers(0, 60), st.integers(0, 12)), max_size=60
 )
 
 
 @given(ops)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_matches_a_python_set(steps):
     rs, model = RangeSet(), set()
     for op, a, n in steps:
@@ -61,7 +63,7 @@ many = st.lists(st.tuples(st.integers(0, 80), st.integers(0, 10)), max_size=6)
 
 
 @given(st.lists(st.tuples(st.sampled_from(["add_ranges", "remove_ranges", "pop"]), many), max_size=40))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_bulk_operations_match_a_python_set(steps):
     # The fast paths (one range touched: edited in place; merges without generators)
     # against a reference set, with the counts each call returns.
@@ -93,7 +95,7 @@ wide = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 12)), min_size=8, 
 
 
 @given(st.lists(st.tuples(st.sampled_from(["add", "add_ranges", "remove_ranges"]), wide), max_size=25))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_merges_of_many_ranges_match_a_python_set(steps):
     # Eight or more ranges at once, as a tuple: add_ranges and remove_ranges merge the two
     # sorted lists in one pass (unsorted, overlapping and empty input ranges included).

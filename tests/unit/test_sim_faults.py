@@ -14,6 +14,8 @@ from nlevel.sim import main, make_durations, simulate
 from nlevel.sim.engine import SimCosts, Engine
 from nlevel.sim.model import victim_rank
 
+from ..conftest import examples
+
 MS = 1e-3
 PLAN = Plan(3, (4,), chunk=1)
 
@@ -182,7 +184,7 @@ def test_cli_bad_faults_exit_2(arg, needle, capsys):
     assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("seed", range(100))
+@pytest.mark.parametrize("seed", range(examples(100)))
 def test_random_deaths_lose_nothing(seed):
     import random
 
@@ -202,7 +204,7 @@ def test_a_dead_claimers_ticket_is_taken_back():
     exactly_once(r, total)
 
 
-@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("seed", range(examples(30, least=8)))
 def test_random_drains_with_one_death_lose_nothing(seed):
     import random
 

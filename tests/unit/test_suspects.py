@@ -14,6 +14,8 @@ from nlevel.roles.master import Master
 from nlevel.roles.server import LEAF, UPPER, Sizing
 from nlevel.sim.engine import SimBoards
 
+from ..conftest import examples
+
 H = build(8, Plan(2))
 
 
@@ -45,7 +47,7 @@ def test_what_does_not_fit_goes_back_to_the_queue():
     assert m.queue.ranges() == ((3, 8),)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(ranges=st.lists(st.tuples(st.integers(0, 200), st.integers(1, 20)), min_size=1, max_size=8),
        suspects=st.lists(st.tuples(st.integers(0, 220), st.integers(1, 5)), max_size=6),
        most=st.integers(1, 30))

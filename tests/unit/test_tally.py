@@ -16,11 +16,13 @@ from nlevel.roles.messages import Mirror
 from nlevel.roles.station import Station
 from nlevel.testing.network import LocalBoards
 
+from ..conftest import examples
+
 ranges = st.lists(st.tuples(st.integers(0, 60), st.integers(1, 12)).map(lambda t: (t[0], t[0] + t[1])),
                   min_size=1, max_size=4)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(adds=st.lists(ranges, max_size=8), other=st.lists(ranges, max_size=4), gone=ranges)
 def test_a_tally_counts_like_a_dict(adds, other, gone):
     t, model = Tally(), {}

@@ -21,7 +21,7 @@ from nlevel.runtime.app import _takes_comm
 from nlevel.runtime.output import check_dir, files_of
 from nlevel.testing.network import Network
 
-from ..conftest import ROOT
+from ..conftest import ROOT, examples
 
 
 # ---------------------------------------------------------------- the layout
@@ -68,7 +68,7 @@ def test_bad_layout_input_is_refused():
         layout([[0, 1], [1, 2]], 1)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.integers(1, 9), min_size=1, max_size=6), st.integers(1, 12), st.randoms(use_true_random=False))
 def test_every_rank_is_in_one_team_or_left_over(sizes, k, rng):
     ranks = list(range(sum(sizes)))
