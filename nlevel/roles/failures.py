@@ -92,7 +92,7 @@ class Recovery:
         outs: list[Effect] = []
         nh = build(st.size, old.plan, failed, old.out, old.node_sizes)  # (the ranks its plan left out stay out)
         # What this rank reported to the dead goes again (below) to the new parent, rather than run again.
-        again, again_results = self.delivery.lost_with(new)
+        again, again_results, given_back = self.delivery.lost_with(new)
         wall = st.wall()
         self.replanning.forget(new)  # (the dead never acknowledge a regroup)
         d = st.server
@@ -143,10 +143,11 @@ class Recovery:
             took, load = self._take_over(old, nh, wall, how)
             ask |= took
         outs += self._relayout(nh)
-        if again:
+        if again or given_back:
             up = st.rank if st.server is not None else st.info.parent
             if up is not None:
-                outs += self.delivery.report_up(Report(again.ranges(), tuple(again_results), epoch=st.epoch), up)
+                outs += self.delivery.report_up(Report(again.ranges(), tuple(again_results), given_back.ranges(),
+                                                       epoch=st.epoch), up)
         if took_over:
             outs += st.took_over()
             if self.replanning.may_have_switched:

@@ -141,9 +141,14 @@ class Master(Server):
             self.queue = RangeSet()
 
     def take_back(self, ranges: Ranges) -> None:
-        (self.aside if self.stopped else self.queue).add_ranges(ranges)
+        back = RangeSet(ranges)
         if self.carried:
             self.carried.remove_ranges(ranges)
+        # (given back again after a death, an id may have been run and committed meanwhile)
+        back.remove_ranges(self.ledger.committed.ranges())
+        for tid in self.ledger.failed:
+            back.remove(tid, tid + 1)
+        (self.aside if self.stopped else self.queue).add_ranges(back.ranges())
 
     def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
         self.ledger.commit(done, results)

@@ -9,10 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nlevel.config import Config
+from nlevel.model.hierarchy import build
+from nlevel.model.plan import Plan
 from nlevel.ranges import RangeSet
 from nlevel.roles.delivery import Delivery
 from nlevel.roles.events import Send
+from nlevel.roles.ledger import Ledger
 from nlevel.roles.messages import Report, Safe
+from nlevel.roles.station import Station
+from nlevel.testing.network import LocalBoards
 
 from ..conftest import examples
 
@@ -53,7 +58,7 @@ def test_every_completion_is_kept_until_safe_and_dropped_once_safe(evs):
                 safe_ids.add_ranges(ids.ranges())
             sent[parent] = [x for x in sent[parent] if x[0] > n]
         else:
-            again, results = d.lost_with(frozenset({parent}))
+            again, results, _ = d.lost_with(frozenset({parent}))
             unsafe = RangeSet()
             for _, ids in sent[parent]:
                 unsafe.add_ranges(ids.ranges())
@@ -89,3 +94,33 @@ def test_a_parent_is_told_how_far_its_childs_reports_are_safe():
     h.clock = lambda: 10.0
     assert d.tell_safe() == [Send(4, Safe(3))]
     assert d.tell_safe() == []  # (once per beat, and only news)
+
+
+def test_ids_given_back_go_back_again_after_a_death_until_a_later_report_is_safe():
+    """Ids given back to a parent that dies go back again to the new one (given back to a master that
+    died, they were held by nobody and could be claimed by a survivor's stale account: never run);
+    once a report sent after them is said safe they were delivered, and are forgotten."""
+    d = Delivery(host())  # type: ignore[arg-type]
+    d.report_up(Report(returned=((0, 4),)), 1)  # before any report with completions
+    [first] = d.report_up(Report(((10, 11),), ((10, 1.0),), returned=((4, 6),)), 1)  # seq 1, with completions
+    d.report_up(Report(returned=((6, 8),)), 1)  # after seq 1
+    assert first.msg.seq == 1
+    d.on_safe(1, 1)  # seq 1 arrived: so did what was given back before and with it, not what came after
+    assert [ids for _, _, ids in d.given_back[1]] == [((6, 8),)]
+    d.report_up(Report(((11, 12),), ((11, 1.0),)), 1)  # seq 2
+    d.on_safe(1, 2)
+    assert not d.given_back[1]
+    d.report_up(Report(returned=((20, 22),)), 2)
+    again, results, back = d.lost_with(frozenset({2}))
+    assert not again and not results and back.ranges() == ((20, 22),) and 2 not in d.given_back
+
+
+def test_the_master_does_not_queue_again_an_id_given_back_after_its_commit():
+    """Given back again after a death, an id may have run and been committed meanwhile: not handed out twice."""
+    st = Station(build(4, Plan(2)), 0, Config(levels=2, fault_tolerance="on"), lambda: 0.0, LocalBoards(), 100,
+                 Ledger(100))
+    d = st.server
+    d.queue = RangeSet()
+    d.ledger.commit(((5, 7),), ((5, 1.0), (6, 1.0)))
+    d.take_back(((4, 9),))
+    assert d.queue.ranges() == ((4, 5), (7, 9))
