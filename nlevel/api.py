@@ -42,6 +42,12 @@ from .roles.results import as_result, describe, shown
 # which `import nlevel` must not do. tests/unit/test_first_call.py holds the first call to that.
 from .runtime import costs as _costs, identity as _identity, pids as _pids, rank as _rank, report as _report  # noqa: F401
 
+if "mpi4py.MPI" in sys.modules:
+    # The script imported mpi4py's MPI already (one that passes its communicator has): importing
+    # the runtime's MPI modules now initialises nothing, and spares the first call 2.2 ms
+    # (measured on this machine, bytecode cached; docs/development.md).
+    from .runtime import farm as _farm  # noqa: F401
+
 __all__ = ["Farm", "get_task_id", "get_team"]
 
 _clock = time.perf_counter

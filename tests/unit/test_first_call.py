@@ -1,7 +1,8 @@
 """What a farm's first call imports (issue 35): the farm's machinery comes with ``import nlevel``
-(which initialises no MPI), so the first ``get_task_id`` imports only the runtime's MPI modules;
-and a farm without a checkpoint never imports numpy, h5py or the standard library's heavy
-modules (tempfile pulls shutil, bz2, lzma, random; uuid; hashlib; socket; datetime).
+(which initialises no MPI), and so do the runtime's MPI modules when the script imported
+mpi4py's MPI first, so the first ``get_task_id`` imports nothing (or, in a script that has not,
+only those modules); and a farm without a checkpoint never imports numpy, h5py or the standard
+library's heavy modules (tempfile pulls shutil, bz2, lzma, random; uuid; hashlib; socket; datetime).
 
 Each check runs a fresh interpreter: one process, no launcher (mpi4py initialises MPI as a
 singleton), the script's own ``from mpi4py import MPI`` first, as a user's script would.
@@ -18,7 +19,7 @@ import pytest
 from ..conftest import ROOT, run_bounded
 
 #: What the first call may import: the runtime's modules that import mpi4py (left out of
-#: ``import nlevel``, which must not initialise MPI).
+#: ``import nlevel`` in a script that has not imported mpi4py's MPI: it must not initialise MPI).
 FIRST_CALL = {"nlevel.runtime.farm", "nlevel.runtime.transport", "nlevel.runtime.window"}
 
 #: What a farm without a checkpoint never needs, from ``import nlevel`` to its last call.
@@ -27,7 +28,7 @@ FORBIDDEN = {"numpy", "h5py", "tempfile", "shutil", "bz2", "lzma", "random", "uu
 
 _SCRIPT = """
 import json, sys
-from mpi4py import MPI  # (the user's own import: a script using mpi4py's Counter pays it too)
+%(mpi)s
 mpi = set(sys.modules)
 import nlevel
 imported = set(sys.modules)
@@ -60,10 +61,19 @@ def first_call_problems(seen: dict[str, list[str]], first_call: set[str] = FIRST
     return out
 
 
-def test_the_first_call_imports_only_the_runtimes_mpi_modules(mpi_env):
-    seen = json.loads(_run(_SCRIPT % {"total": 3}, mpi_env))
-    assert first_call_problems(seen) == []
-    assert set(seen["first"]) == FIRST_CALL  # (else the allowed list is stale: the check would hold nothing)
+def test_after_the_scripts_own_mpi_import_the_first_call_imports_nothing(mpi_env):
+    # (the user's own import: a script using mpi4py's Counter pays it too)
+    seen = json.loads(_run(_SCRIPT % {"total": 3, "mpi": "from mpi4py import MPI"}, mpi_env))
+    assert first_call_problems(seen, first_call=set()) == []
+    assert FIRST_CALL <= set(seen["import"])
+
+
+def test_without_it_the_first_call_imports_only_the_runtimes_mpi_modules(mpi_env):
+    seen = json.loads(_run(_SCRIPT % {"total": 3, "mpi": ""}, mpi_env))
+    mpi = json.loads(_run("import json, sys; before = set(sys.modules); from mpi4py import MPI; "
+                          "print(json.dumps(sorted(set(sys.modules) - before)))", mpi_env))
+    assert first_call_problems(seen, first_call=FIRST_CALL | set(mpi)) == []
+    assert FIRST_CALL <= set(seen["first"])  # (else the allowed list is stale: the check would hold nothing)
 
 
 def test_the_check_fails_on_a_module_imported_late():
