@@ -11,7 +11,8 @@ the reconciliation (see :mod:`nlevel.roles.failures`).
 
 Ids a rank gives back (unstarted: its region's stock at a plan switch, a queue it cannot use)
 are kept the same way, until a later report to that parent is said safe: should the parent
-die first, they go back again to the new one. Given back to a master that died, they were held
+die first, they go back again (the caller picks where: see
+:meth:`~nlevel.roles.failures.Recovery.fail`). Given back to a master that died, they were held
 by nobody, and a survivor's older account (a lagging region-master still counting them as its
 child's) kept the reconciliation from requeueing them: never committed.
 
@@ -157,19 +158,20 @@ class Delivery:
             out.add_ranges(ranges.ranges())
         return out
 
-    def lost_with(self, dead: frozenset[int]) -> tuple[RangeSet, list[tuple[int, Result]], RangeSet]:
+    def lost_with(self, dead: frozenset[int]) -> tuple[RangeSet, list[tuple[int, Result]], dict[int, RangeSet]]:
         """``dead`` died: what this rank had sent them, to report again to the new parent (completions,
         the results it still has of them, and ids it gave back); forget every count kept with them.
 
         Completions reported to a rank that died are lost with it: reported again rather than run again.
-        Ids given back to it go back again (an id the dead had handed out since may run twice).
+        Ids given back to it go back again (by the rank they were given back to: the caller picks
+        who takes them; an id the dead had handed out since may run twice).
         """
         if self.sent_done is None:
             self.sent_done = {}
-        again, again_results, back = RangeSet(), list[tuple[int, Result]](), RangeSet()
+        again, again_results, back = RangeSet(), list[tuple[int, Result]](), dict[int, RangeSet]()
         for x in dead:
             for _, _, ranges in self.given_back.pop(x, ()):
-                back.add_ranges(ranges)
+                back.setdefault(x, RangeSet()).add_ranges(ranges)
             sent = self.sent_done.pop(x, None)
             if sent:
                 self.lost_via[x] = sent  # passed to a rank that died: a reconciler must know

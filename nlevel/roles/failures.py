@@ -143,10 +143,20 @@ class Recovery:
             took, load = self._take_over(old, nh, wall, how)
             ask |= took
         outs += self._relayout(nh)
-        if again or given_back:
+        back = RangeSet()
+        for x, ids in sorted(given_back.items()):
+            if x == old.master and nh.master != x:
+                # Given back to the master that died: to the new one, which reconciles. In its queue
+                # before this rank's answer comes (same sender, in order), they are not requeued
+                # twice; given to this rank's new parent they were (answered before they arrived).
+                outs += self.delivery.report_up(Report(returned=ids.ranges(), epoch=st.epoch, orphan=True),
+                                                nh.master)
+            else:
+                back.add_ranges(ids.ranges())
+        if again or back:
             up = st.rank if st.server is not None else st.info.parent
             if up is not None:
-                outs += self.delivery.report_up(Report(again.ranges(), tuple(again_results), given_back.ranges(),
+                outs += self.delivery.report_up(Report(again.ranges(), tuple(again_results), back.ranges(),
                                                        epoch=st.epoch), up)
         if took_over:
             outs += st.took_over()
@@ -239,7 +249,7 @@ class Recovery:
         if msg.ask:
             lost = tuple((x, r.ranges()) for x, r in self.delivery.lost_via.items())
             return [Send(src, Holding(self.holding(sent=False).ranges(), tuple(sorted(st.failed)), token=msg.token,
-                                      lost=lost, sent=self.delivery.sent().ranges()))]
+                                      lost=lost, sent=self.delivery.sent().ranges(), epoch=st.epoch))]
         held = RangeSet(msg.held)
         d = st.server
         if d is None:
@@ -255,7 +265,7 @@ class Recovery:
         recon = self.recon
         if recon is not None and msg.token >= 0 and (src in recon.expected or src in recon.got):
             if st.failed <= set(msg.failed):
-                recon.receive(src, held, msg.token, msg.lost, RangeSet(msg.sent))
+                recon.receive(src, held, msg.token, msg.lost, RangeSet(msg.sent), msg.epoch)
             elif recon.asked.get(src) == msg.token:
                 # Written before the sender knew of a death this rank knows of: stale. It
                 # answers again once it knows (an ask waits until the failures it names are known).
@@ -456,6 +466,14 @@ class Recovery:
         recon, d = self.recon, st.server
         if recon is None or not recon.complete or d is None or st.loading:
             return []
+        behind = recon.behind(st.epoch) if recon.everything else set()
+        if behind:
+            # Answers written under an older plan than this rank's: until every old board is
+            # closed an id can move between two answers (a lagging rank answers, then claims from
+            # its region-master's board; the region-master switches, the id its child's now, and
+            # answers without it): nobody's. Asked again: a rank answers once it runs this plan.
+            names = tuple(sorted(st.failed))
+            return [Send(r, Holding((), names, True, recon.token(r))) for r in sorted(behind)]
         d.scan(st.clock())
         if recon.everything:
             assert isinstance(d, Master)

@@ -210,6 +210,7 @@ class Holding:
     lost: tuple[tuple[int, Ranges], ...] = ()  # (dead rank, completions the sender had passed to it)
     sent: Ranges = ()  # an answer: completions the sender passed to live parents (maybe in flight)
     left: bool = False  # unasked, to a new parent: the sender claims no more (its leaving report was lost)
+    epoch: int = -1  # an answer: the plan (epoch) the sender ran when it wrote it
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,6 +120,7 @@ class Reconciliation:
         self.got_lost: dict[int, tuple[tuple[int, Ranges], ...]] = {}  # answers' "passed to the dead"
         self.got_sent: dict[int, RangeSet] = {}  # answers' "passed to a live parent"
         self.last_death = 0.0  # (wall) when a later death voided answers this waits for (see FailureRecord.closed)
+        self.got_epoch: dict[int, int] = {}  # answers' plan (epoch; -1: not said)
 
     def add_dead(self, held: RangeSet, survivors: set[int], record: FailureRecord | None) -> set[int]:
         """A server died holding ``held``; return which of ``survivors`` to ask what they hold."""
@@ -164,7 +165,7 @@ class Reconciliation:
         return self._tokens
 
     def receive(self, src: int, held: RangeSet, token: int = -1,
-                lost: tuple[tuple[int, Ranges], ...] = (), sent: RangeSet | None = None) -> bool:
+                lost: tuple[tuple[int, Ranges], ...] = (), sent: RangeSet | None = None, epoch: int = -1) -> bool:
         """A Holding arrived; return whether it counts.
 
         Only the answer to the latest ask counts: a survivor's holding written before it was
@@ -175,8 +176,14 @@ class Reconciliation:
         self.got[src] = held
         self.got_lost[src] = lost
         self.got_sent[src] = sent if sent is not None else RangeSet()
+        self.got_epoch[src] = epoch
         self.expected.discard(src)
         return True
+
+    def behind(self, epoch: int) -> set[int]:
+        """Ranks whose answers were written under a plan older than ``epoch``: void, they are expected again."""
+        old = {r for r in self.got if 0 <= self.got_epoch.get(r, -1) < epoch}
+        return self.reask(old)
 
     @property
     def complete(self) -> bool:

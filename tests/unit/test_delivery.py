@@ -112,7 +112,7 @@ def test_ids_given_back_go_back_again_after_a_death_until_a_later_report_is_safe
     assert not d.given_back[1]
     d.report_up(Report(returned=((20, 22),)), 2)
     again, results, back = d.lost_with(frozenset({2}))
-    assert not again and not results and back.ranges() == ((20, 22),) and 2 not in d.given_back
+    assert not again and not results and back[2].ranges() == ((20, 22),) and 2 not in d.given_back
 
 
 def test_the_master_does_not_queue_again_an_id_given_back_after_its_commit():

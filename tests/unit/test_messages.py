@@ -23,7 +23,7 @@ SAMPLES = [
            Ending(({"rank": 3, "tasks": 7},), {"unexpected": 0}), 96, 12),
     Regroup(2, Plan(3, (2,), reason="r"), (5, 6)),
     Ack(5),
-    Holding(((1, 4), (8, 9)), (3, 6), True, 12, ((3, ((5, 6),)),), ((10, 12),), True),
+    Holding(((1, 4), (8, 9)), (3, 6), True, 12, ((3, ((5, 6),)),), ((10, 12),), True, 2),
     Mirror(((0, 10),), ((1, 0.5),), 100, 2, True, (RECORD,), (FAILURE,), ((7, 2),), (((7, 8),), ((7, 8),)), ((3, 5),), 40),
     Drain("drained by a test"),
     KillRequest(6, "hung"),

@@ -53,6 +53,21 @@ def test_only_the_answer_to_the_latest_ask_counts():
     assert r.lost(r.held, RangeSet()) == RangeSet([(2, 10), (20, 30)])
 
 
+def test_answers_written_under_an_older_plan_are_asked_again():
+    """Until every old board is closed an id can move between two answers: an answer from an older
+    plan than the reconciler's is void, and its writer is expected again."""
+    r = Reconciliation(everything=True)
+    r.add_dead(RangeSet(), {5, 6, 7}, None)
+    assert r.receive(5, RangeSet([(0, 2)]), r.token(5), epoch=0)
+    assert r.receive(6, RangeSet([(2, 4)]), r.token(6), epoch=1)
+    assert r.receive(7, RangeSet(), r.token(7))  # (said no plan: not judged)
+    assert r.complete and r.behind(0) == set()
+    assert r.behind(1) == {5}
+    assert not r.complete and 5 not in r.got and 6 in r.got
+    assert r.receive(5, RangeSet([(0, 3)]), r.token(5), epoch=1)
+    assert r.complete and r.behind(1) == set()
+
+
 def test_the_deputy_is_the_lowest_survivor_after_the_master():
     h = build(8, Plan(3, (2,)))
     assert deputy(h) == 1
