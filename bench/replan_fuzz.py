@@ -1,0 +1,120 @@
+"""Random in-process trials of the hardest recovery: the master (or the master and its deputy) dying
+while a plan switch is under way, on plans of 3, 4 and 5 levels.
+
+    .venv/bin/python bench/replan_fuzz.py [--seeds 100] [--json bench/results/replan_fuzz.json]
+
+Each trial is an in-process network (:class:`nlevel.testing.network.Network`: the roles' own
+state machines, messages delivered in random order) of 400 ids under ``--levels auto`` with a
+forced switch at 30 % committed. The master is killed (``master``), or the master and its
+deputy together (``master+deputy``), at the first step after its switch at which either its
+Regroups are still on their way (``regroups``: some ranks switch before they hear of its death,
+some after) or a report from the old plan is being relayed to it (``relayed``). Every trial
+is checked as the unit tests check theirs (``tests/unit/test_farm_inprocess.check``): every id
+committed once, re-runs only of ids at risk, every rank released, every report row right; a
+trial that does not finish within 60,000 steps is a hang. The scenarios come from
+``tests/unit/test_replan_state.py``, whose fixed seeds hold the cases this found.
+
+It is a search, not a benchmark: no timing, any machine. Its result lists the failing trials
+(plan, victims, moment, seed, what went wrong) so each can be replayed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+import provenance  # noqa: E402
+from nlevel.config import Config  # noqa: E402
+from nlevel.model.plan import Plan  # noqa: E402
+from nlevel.roles.messages import Regroup  # noqa: E402
+from nlevel.testing.network import Network  # noqa: E402
+from tests.unit.test_farm_inprocess import check  # noqa: E402
+from tests.unit.test_replan_state import _relayed_to_the_master  # noqa: E402
+
+#: name -> (ranks, first plan, forced switch)
+PLANS: dict[str, tuple[int, Plan, str]] = {
+    "3 levels": (13, Plan(3, (3,)), "0.3@3x2"),
+    "4 levels": (17, Plan(4, (2, 2)), "0.3@3x3"),
+    "5 levels": (33, Plan(5, (2, 2, 2)), "0.3@3x2"),
+}
+VICTIMS = {"master": (0,), "master+deputy": (0, 1)}
+TOTAL = 400
+
+
+def _regroups_on_their_way(net: Network) -> bool:
+    return any(src == 0 and any(isinstance(m, Regroup) for m in q) for (src, _), q in net.channels.items())
+
+
+MOMENTS: dict[str, Callable[[Network], bool]] = {"regroups": _regroups_on_their_way, "relayed": _relayed_to_the_master}
+
+
+def trial(plan: str, victims: str, moment: str, seed: int) -> str | None:
+    """One trial; None if it passed, else what went wrong."""
+    size, first, force = PLANS[plan]
+    net = Network(size, first, TOTAL, seed, config=Config(levels=0, force_replan=force, fault_tolerance="on",
+                                                          report_every=4))
+    orig, ready, state = net.step, MOMENTS[moment], {"killed": False}
+
+    def step(user_step: Any = None) -> bool:
+        if not state["killed"] and net.stations[0].epoch >= 1 and ready(net):
+            state["killed"] = True
+            for v in VICTIMS[victims]:
+                net.die(v)
+        return orig(user_step)
+
+    net.step = step  # type: ignore[method-assign]
+    try:
+        out = net.run(max_steps=60_000)
+        if state["killed"]:
+            check(out, TOTAL)
+    except AssertionError as exc:
+        return str(exc).splitlines()[0][:200]
+    return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (docs/render.py --check parses recorded commands with it)."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=100, help="seeds per plan, victims and moment (default 100)")
+    ap.add_argument("--json", help="write the result here")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    t0 = time.perf_counter()
+    rows, failures = [], []
+    for plan in PLANS:
+        for victims in VICTIMS:
+            for moment in MOMENTS:
+                bad = 0
+                for seed in range(args.seeds):
+                    why = trial(plan, victims, moment, seed)
+                    if why is not None:
+                        bad += 1
+                        failures.append({"plan": plan, "victims": victims, "moment": moment, "seed": seed, "why": why})
+                rows.append({"plan": plan, "victims": victims, "moment": moment, "trials": args.seeds, "failed": bad})
+                print(f"{plan}, {victims} killed, {moment}: {bad} of {args.seeds} failed", flush=True)
+    total = sum(r["trials"] for r in rows)
+    print(f"{len(failures)} of {total} trials failed ({time.perf_counter() - t0:.0f} s)")
+    for f in failures:
+        print(f"  {f['plan']}, {f['victims']}, {f['moment']}, seed {f['seed']}: {f['why']}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"provenance": provenance.record(), "rows": rows, "failures": failures, "trials": total,
+                       "seconds": round(time.perf_counter() - t0, 1)}, fh, indent=1)
+            fh.write("\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
