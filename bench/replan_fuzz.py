@@ -35,10 +35,9 @@ sys.path.insert(0, HERE)
 import provenance  # noqa: E402
 from nlevel.config import Config  # noqa: E402
 from nlevel.model.plan import Plan  # noqa: E402
-from nlevel.roles.messages import Regroup  # noqa: E402
 from nlevel.testing.network import Network  # noqa: E402
 from tests.unit.test_farm_inprocess import check  # noqa: E402
-from tests.unit.test_replan_state import _relayed_to_the_master  # noqa: E402
+from tests.unit.test_replan_state import _regroups_on_their_way, _relayed_to_the_master  # noqa: E402
 
 #: name -> (ranks, first plan, forced switch)
 PLANS: dict[str, tuple[int, Plan, str]] = {
@@ -50,15 +49,11 @@ VICTIMS = {"master": (0,), "master+deputy": (0, 1)}
 TOTAL = 400
 
 
-def _regroups_on_their_way(net: Network) -> bool:
-    return any(src == 0 and any(isinstance(m, Regroup) for m in q) for (src, _), q in net.channels.items())
-
-
 MOMENTS: dict[str, Callable[[Network], bool]] = {"regroups": _regroups_on_their_way, "relayed": _relayed_to_the_master}
 
 
 def trial(plan: str, victims: str, moment: str, seed: int) -> str | None:
-    """One trial; None if it passed, else what went wrong."""
+    """One trial; None if it passed, "not killed" if the moment never came, else what went wrong."""
     size, first, force = PLANS[plan]
     net = Network(size, first, TOTAL, seed, config=Config(levels=0, force_replan=force, fault_tolerance="on",
                                                           report_every=4))
@@ -74,8 +69,9 @@ def trial(plan: str, victims: str, moment: str, seed: int) -> str | None:
     net.step = step  # type: ignore[method-assign]
     try:
         out = net.run(max_steps=60_000)
-        if state["killed"]:
-            check(out, TOTAL)
+        if not state["killed"]:
+            return "not killed"
+        check(out, TOTAL)
     except AssertionError as exc:
         return str(exc).splitlines()[0][:200]
     return None
@@ -96,14 +92,18 @@ def main(argv: list[str] | None = None) -> int:
     for plan in PLANS:
         for victims in VICTIMS:
             for moment in MOMENTS:
-                bad = 0
+                bad = missed = 0
                 for seed in range(args.seeds):
                     why = trial(plan, victims, moment, seed)
-                    if why is not None:
+                    if why == "not killed":
+                        missed += 1
+                    elif why is not None:
                         bad += 1
                         failures.append({"plan": plan, "victims": victims, "moment": moment, "seed": seed, "why": why})
-                rows.append({"plan": plan, "victims": victims, "moment": moment, "trials": args.seeds, "failed": bad})
-                print(f"{plan}, {victims} killed, {moment}: {bad} of {args.seeds} failed", flush=True)
+                rows.append({"plan": plan, "victims": victims, "moment": moment, "trials": args.seeds, "failed": bad,
+                             "not_killed": missed})
+                print(f"{plan}, {victims} killed, {moment}: {bad} of {args.seeds} failed"
+                      + (f" ({missed} never reached the moment)" if missed else ""), flush=True)
     total = sum(r["trials"] for r in rows)
     print(f"{len(failures)} of {total} trials failed ({time.perf_counter() - t0:.0f} s)")
     for f in failures:

@@ -9,12 +9,13 @@ again should the parent die: so a region-master holds seconds of its region's re
 the whole job's. What a rank passed to a parent that died is kept apart (``lost_via``) for
 the reconciliation (see :mod:`nlevel.roles.failures`).
 
-Ids a rank gives back (unstarted: its region's stock at a plan switch, a queue it cannot use)
-are kept the same way, until a later report to that parent is said safe: should the parent
-die first, they go back again (the caller picks where: see
-:meth:`~nlevel.roles.failures.Recovery.fail`). Given back to a master that died, they were held
-by nobody, and a survivor's older account (a lagging region-master still counting them as its
-child's) kept the reconciliation from requeueing them: never committed.
+Ids a rank gives back to the master (unstarted: its region's stock at a plan switch) are
+kept the same way, numbered as a report, until the master says that report is safe: should
+the master die first, they go to the new one (:meth:`~nlevel.roles.failures.Recovery.fail`).
+They were held by nobody then, and a survivor's older account (a lagging region-master still
+counting them as its child's) kept the reconciliation from requeueing them: never committed.
+(Ids given back to a region-master that dies are left to its reconciler, which requeues what
+nobody holds: ``bench/replan_fuzz.py`` found no loss there.)
 
 Completions a rank passes straight to the master instead of up its tree (a report from an older
 plan that reached it after a switch, its region's and its own loop's at a switch) are kept the
@@ -51,9 +52,8 @@ class Delivery:
         self.lost_via: dict[int, RangeSet] = {}  # completions passed to a rank that died, by that rank
         # Reports with completions sent to each parent and not yet said safe, with their results.
         self.unsafe: dict[int, deque[tuple[int, Ranges, tuple[tuple[int, Result], ...]]]] = {}
-        # Ids given back to each parent: (the seq of the report that carried them, or of the last one
-        # before, with ``after``; ids) until a report that came after them is said safe.
-        self.given_back: dict[int, deque[tuple[int, bool, Ranges]]] = {}
+        # Ids given back to the master: (the seq of the report that carried them, ids) until it is said safe.
+        self.given_back: dict[int, deque[tuple[int, Ranges]]] = {}
         self.up_seq: dict[int, int] = {}  # the last seq sent to each parent
         # A parent: the last seq heard from each child; what of it is safe; what it has said safe.
         self.heard_seq: dict[int, int] = {}
@@ -78,15 +78,16 @@ class Delivery:
         if dest == st.rank and st.server is not None:
             st.server.on_report(st.rank, report, st.clock())
             return st.serve()
-        if self.sent_done is not None and report.returned and not report.done:
-            self.given_back.setdefault(dest, deque()).append((self.up_seq.get(dest, 0), True, report.returned))
-        if self.sent_done is not None and report.done:
+        back = self.sent_done is not None and bool(report.returned) and dest == st.hierarchy.master
+        if self.sent_done is not None and (report.done or back):
             seq = self.up_seq[dest] = self.up_seq.get(dest, 0) + 1
             report = replace(report, seq=seq)
+            if back:
+                self.given_back.setdefault(dest, deque()).append((seq, report.returned))
+        if self.sent_done is not None and report.done:
+            seq = report.seq
             self.sent_done.setdefault(dest, RangeSet()).add_ranges(report.done)
             self.unsafe.setdefault(dest, deque()).append((seq, report.done, report.results))
-            if report.returned:
-                self.given_back.setdefault(dest, deque()).append((seq, False, report.returned))
             if cover is None and isinstance(st.server, Region) and dest == st.server.parent:
                 # (what its children reported so far rides up in this or an earlier report: once this
                 # one is safe, so are theirs)
@@ -117,7 +118,7 @@ class Delivery:
             if sent is not None:
                 sent.remove_ranges(done)
         back = self.given_back.get(src)
-        while back and (back[0][0] < seq or (back[0][0] == seq and not back[0][1])):
+        while back and back[0][0] <= seq:
             back.popleft()
         covers = self.covers.get(src)
         while covers and covers[0][0] <= seq:
@@ -158,20 +159,20 @@ class Delivery:
             out.add_ranges(ranges.ranges())
         return out
 
-    def lost_with(self, dead: frozenset[int]) -> tuple[RangeSet, list[tuple[int, Result]], dict[int, RangeSet]]:
-        """``dead`` died: what this rank had sent them, to report again to the new parent (completions,
-        the results it still has of them, and ids it gave back); forget every count kept with them.
+    def lost_with(self, dead: frozenset[int]) -> tuple[RangeSet, list[tuple[int, Result]], RangeSet]:
+        """``dead`` died: what this rank had sent them, to report again (completions and the results
+        it still has of them, to its new parent; ids it gave back to a master among them, to the new
+        master); forget every count kept with them.
 
-        Completions reported to a rank that died are lost with it: reported again rather than run again.
-        Ids given back to it go back again (by the rank they were given back to: the caller picks
-        who takes them; an id the dead had handed out since may run twice).
+        Completions reported to a rank that died are lost with it: reported again rather than run
+        again. Ids given back go back again (an id the dead master had handed out since may run twice).
         """
         if self.sent_done is None:
             self.sent_done = {}
-        again, again_results, back = RangeSet(), list[tuple[int, Result]](), dict[int, RangeSet]()
+        again, again_results, back = RangeSet(), list[tuple[int, Result]](), RangeSet()
         for x in dead:
-            for _, _, ranges in self.given_back.pop(x, ()):
-                back.setdefault(x, RangeSet()).add_ranges(ranges)
+            for _, ranges in self.given_back.pop(x, ()):
+                back.add_ranges(ranges)
             sent = self.sent_done.pop(x, None)
             if sent:
                 self.lost_via[x] = sent  # passed to a rank that died: a reconciler must know

@@ -143,21 +143,19 @@ class Recovery:
             took, load = self._take_over(old, nh, wall, how)
             ask |= took
         outs += self._relayout(nh)
-        back = RangeSet()
-        for x, ids in sorted(given_back.items()):
-            if x == old.master and nh.master != x:
-                # Given back to the master that died: to the new one, which reconciles. In its queue
-                # before this rank's answer comes (same sender, in order), they are not requeued
-                # twice; given to this rank's new parent they were (answered before they arrived).
-                outs += self.delivery.report_up(Report(returned=ids.ranges(), epoch=st.epoch, orphan=True),
-                                                nh.master)
+        if given_back:
+            # Given back to the master that died: to the new one, which reconciles. In its queue
+            # before this rank's answer comes (same sender, in order), they are not requeued twice
+            # (given to this rank's new parent, they arrived after its answer and were).
+            report = Report(returned=given_back.ranges(), epoch=st.epoch, orphan=True)
+            if isinstance(st.server, Master):
+                st.server.take_orphan(report, st.clock())  # (as an orphan: not `settled`, as a child's would be)
             else:
-                back.add_ranges(ids.ranges())
-        if again or back:
+                outs += self.delivery.report_up(report, nh.master)
+        if again:
             up = st.rank if st.server is not None else st.info.parent
             if up is not None:
-                outs += self.delivery.report_up(Report(again.ranges(), tuple(again_results), back.ranges(),
-                                                       epoch=st.epoch), up)
+                outs += self.delivery.report_up(Report(again.ranges(), tuple(again_results), epoch=st.epoch), up)
         if took_over:
             outs += st.took_over()
             if self.replanning.may_have_switched:

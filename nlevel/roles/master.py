@@ -141,14 +141,9 @@ class Master(Server):
             self.queue = RangeSet()
 
     def take_back(self, ranges: Ranges) -> None:
-        back = RangeSet(ranges)
+        (self.aside if self.stopped else self.queue).add_ranges(ranges)
         if self.carried:
             self.carried.remove_ranges(ranges)
-        # (given back again after a death, an id may have been run and committed meanwhile)
-        back.remove_ranges(self.ledger.committed.ranges())
-        for tid in self.ledger.failed:
-            back.remove(tid, tid + 1)
-        (self.aside if self.stopped else self.queue).add_ranges(back.ranges())
 
     def _accept_done(self, done: Ranges, results: tuple[tuple[int, Result], ...], now: float) -> None:
         self.ledger.commit(done, results)
@@ -201,7 +196,15 @@ class Master(Server):
             self.task_failed(f)
         if report.returned:
             self.carried.remove_ranges(report.returned)
-            self.take_back(report.returned)
+            # (given back again after the master's death, an id may have been run and committed
+            # meanwhile, or failed for good: an orphan is rare, the ledger's look affordable)
+            back = RangeSet(report.returned)
+            back.remove_ranges(self.ledger.committed.ranges())
+            failed = self.ledger.failed
+            if failed:
+                for tid in [t for a, b in back.ranges() for t in range(a, b) if t in failed]:
+                    back.remove(tid, tid + 1)
+            self.take_back(back.ranges())
 
     def attach(self, child: Child, held: RangeSet) -> None:
         """Record what a Holding says ``child`` holds, minus what the ledger already records.

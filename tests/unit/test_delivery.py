@@ -15,7 +15,7 @@ from nlevel.ranges import RangeSet
 from nlevel.roles.delivery import Delivery
 from nlevel.roles.events import Send
 from nlevel.roles.ledger import Ledger
-from nlevel.roles.messages import Report, Safe
+from nlevel.roles.messages import Report, Safe, TaskFailure
 from nlevel.roles.station import Station
 from nlevel.testing.network import LocalBoards
 
@@ -33,7 +33,7 @@ events = st.lists(st.one_of(
 def host() -> SimpleNamespace:
     """What Delivery reads of its station: a leaf (no server) under fault tolerance."""
     return SimpleNamespace(ft=True, clock=lambda: 0.0, epoch=0, rank=9, server=None, failed=frozenset(),
-                           config=Config(), serve=lambda: [])
+                           config=Config(), serve=lambda: [], hierarchy=SimpleNamespace(master=0))
 
 
 @settings(max_examples=examples(200), deadline=None)
@@ -96,31 +96,35 @@ def test_a_parent_is_told_how_far_its_childs_reports_are_safe():
     assert d.tell_safe() == []  # (once per beat, and only news)
 
 
-def test_ids_given_back_go_back_again_after_a_death_until_a_later_report_is_safe():
-    """Ids given back to a parent that dies go back again to the new one (given back to a master that
-    died, they were held by nobody and could be claimed by a survivor's stale account: never run);
-    once a report sent after them is said safe they were delivered, and are forgotten."""
-    d = Delivery(host())  # type: ignore[arg-type]
-    d.report_up(Report(returned=((0, 4),)), 1)  # before any report with completions
-    [first] = d.report_up(Report(((10, 11),), ((10, 1.0),), returned=((4, 6),)), 1)  # seq 1, with completions
-    d.report_up(Report(returned=((6, 8),)), 1)  # after seq 1
-    assert first.msg.seq == 1
-    d.on_safe(1, 1)  # seq 1 arrived: so did what was given back before and with it, not what came after
-    assert [ids for _, _, ids in d.given_back[1]] == [((6, 8),)]
-    d.report_up(Report(((11, 12),), ((11, 1.0),)), 1)  # seq 2
-    d.on_safe(1, 2)
-    assert not d.given_back[1]
-    d.report_up(Report(returned=((20, 22),)), 2)
-    again, results, back = d.lost_with(frozenset({2}))
-    assert not again and not results and back[2].ranges() == ((20, 22),) and 2 not in d.given_back
+def test_ids_given_back_to_the_master_are_kept_until_safe_and_go_again_after_its_death():
+    """Ids given back to the master that dies go to the new one (given back to a master that died,
+    they were held by nobody and a survivor's stale account could claim them: never run). A give-back
+    is numbered as a report, and forgotten once the master says that report is safe; ids given back
+    to a region-master are not kept (its reconciler requeues what nobody holds)."""
+    h = host()
+    d = Delivery(h)  # type: ignore[arg-type]
+    [first] = d.report_up(Report(returned=((0, 4),)), 0)  # to the master: numbered
+    [second] = d.report_up(Report(((10, 11),), ((10, 1.0),), returned=((4, 6),)), 0)
+    d.report_up(Report(returned=((6, 8),)), 2)  # to a region-master: not kept
+    assert (first.msg.seq, second.msg.seq) == (1, 2) and 2 not in d.given_back
+    d.on_safe(0, 1)
+    assert [ids for _, ids in d.given_back[0]] == [((4, 6),)]
+    again, results, back = d.lost_with(frozenset({0, 2}))
+    assert again.ranges() == ((10, 11),) and len(results) == 1 and back.ranges() == ((4, 6),)
+    assert 0 not in d.given_back
+    d.report_up(Report(returned=((20, 22),)), 0)
+    d.on_safe(0, 1)  # (the new master numbers from 1)
+    assert not d.given_back[0]
 
 
-def test_the_master_does_not_queue_again_an_id_given_back_after_its_commit():
-    """Given back again after a death, an id may have run and been committed meanwhile: not handed out twice."""
+def test_the_master_does_not_queue_again_an_id_given_back_after_its_commit_or_failure():
+    """Given back again after a death, an id may have run and been committed meanwhile, or failed
+    for good: not handed out again."""
     st = Station(build(4, Plan(2)), 0, Config(levels=2, fault_tolerance="on"), lambda: 0.0, LocalBoards(), 100,
                  Ledger(100))
     d = st.server
     d.queue = RangeSet()
     d.ledger.commit(((5, 7),), ((5, 1.0), (6, 1.0)))
-    d.take_back(((4, 9),))
-    assert d.queue.ranges() == ((4, 5), (7, 9))
+    d.ledger.fail(TaskFailure(8, "raised", "boom"))
+    d.take_orphan(Report(returned=((4, 10),), orphan=True), 0.0)
+    assert d.queue.ranges() == ((4, 5), (7, 8), (9, 10))

@@ -91,3 +91,11 @@ def test_the_check_fails_on_a_module_imported_late():
 def test_import_nlevel_initialises_no_mpi(mpi_env):
     out = _run("import sys, nlevel; print(sorted(m for m in sys.modules if m.startswith('mpi4py.')))", mpi_env)
     assert out == "[]"
+
+
+def test_mpi4py_imported_but_not_initialised_stays_so(mpi_env):
+    """``mpi4py.rc.initialize = False``: the script initialises MPI itself, later; ``import nlevel``
+    neither initialises it nor marks the process past MPI_Init (nlevel-mpiexec's fence)."""
+    out = _run("import sys, mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; import nlevel; "
+               "print(MPI.Is_initialized(), 'nlevel.runtime.transport' in sys.modules)", mpi_env)
+    assert out == "False False"

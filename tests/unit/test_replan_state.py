@@ -148,8 +148,8 @@ def test_ids_a_switched_rank_gave_back_to_the_dead_master_are_given_back_again(s
     on their way. A region-master that switched handed its stock back to the master (lost with it);
     its old parent, still on the old plan, told the new master that child held that stock (or held
     it on its own board, a child's claim not yet seen), so the reconciliation requeued none of it:
-    never committed, the job waited forever. Ids given back are kept until a later report is safe,
-    as completions are, and go back again to the new parent."""
+    never committed, the job waited forever. Ids given back to the master are kept until it says
+    they are safe, as completions are, and go to the new master should it die first."""
     config = Config(levels=0, force_replan=f"0.3@{switch}", fault_tolerance="on", report_every=4)
     net = Network(size, plan, 400, seed, config=config)
     state = _kill_master_when(net, _regroups_on_their_way)
