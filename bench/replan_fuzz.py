@@ -25,7 +25,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -37,7 +37,7 @@ from nlevel.config import Config  # noqa: E402
 from nlevel.model.plan import Plan  # noqa: E402
 from nlevel.testing.network import Network  # noqa: E402
 from tests.unit.test_farm_inprocess import check  # noqa: E402
-from tests.unit.test_replan_state import _regroups_on_their_way, _relayed_to_the_master  # noqa: E402
+from tests.unit.test_replan_state import _kill_master_when, _regroups_on_their_way, _relayed_to_the_master  # noqa: E402
 
 #: name -> (ranks, first plan, forced switch)
 PLANS: dict[str, tuple[int, Plan, str]] = {
@@ -57,16 +57,7 @@ def trial(plan: str, victims: str, moment: str, seed: int) -> str | None:
     size, first, force = PLANS[plan]
     net = Network(size, first, TOTAL, seed, config=Config(levels=0, force_replan=force, fault_tolerance="on",
                                                           report_every=4))
-    orig, ready, state = net.step, MOMENTS[moment], {"killed": False}
-
-    def step(user_step: Any = None) -> bool:
-        if not state["killed"] and net.stations[0].epoch >= 1 and ready(net):
-            state["killed"] = True
-            for v in VICTIMS[victims]:
-                net.die(v)
-        return orig(user_step)
-
-    net.step = step  # type: ignore[method-assign]
+    state = _kill_master_when(net, MOMENTS[moment], VICTIMS[victims])
     try:
         out = net.run(max_steps=60_000)
         if not state["killed"]:

@@ -79,15 +79,17 @@ def test_results_sent_up_are_forgotten_once_safe(seed):
         assert kept <= 8 and (sent < 20 or kept < sent / 5), (st.rank, sent, kept)
 
 
-def _kill_master_when(net, ready):
-    """Make ``net`` kill the master (rank 0) at the first step after its switch at which ``ready(net)``."""
+def _kill_master_when(net, ready, victims=(0,)):
+    """Make ``net`` kill the master (rank 0; ``victims``: these ranks together) at the first step
+    after its switch at which ``ready(net)``."""
     orig = net.step
     state = {"killed": False}
 
     def step(user_step=None):
         if not state["killed"] and net.stations[0].epoch >= 1 and ready(net):
             state["killed"] = True
-            net.die(0)
+            for v in victims:
+                net.die(v)
         return orig(user_step)
 
     net.step = step
@@ -182,17 +184,7 @@ def test_ids_given_back_to_the_dead_master_go_to_the_new_master():
     the sender's answer."""
     config = Config(levels=0, force_replan="0.3@3x2", fault_tolerance="on", report_every=4)
     net = Network(33, Plan(5, (2, 2, 2)), 400, 12, config=config)
-    orig = net.step
-    state = {"killed": False}
-
-    def step(user_step=None):
-        if not state["killed"] and net.stations[0].epoch >= 1 and _relayed_to_the_master(net):
-            state["killed"] = True
-            net.die(0)
-            net.die(1)
-        return orig(user_step)
-
-    net.step = step
+    state = _kill_master_when(net, _relayed_to_the_master, victims=(0, 1))
     out = net.run(max_steps=60_000)
     assert state["killed"]
     check(out, 400)
