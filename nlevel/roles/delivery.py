@@ -78,7 +78,7 @@ class Delivery:
         if dest == st.rank and st.server is not None:
             st.server.on_report(st.rank, report, st.clock())
             return st.serve()
-        back = self.sent_done is not None and bool(report.returned) and dest == st.hierarchy.master
+        back = bool(report.returned) and dest == st.hierarchy.master
         if self.sent_done is not None and (report.done or back):
             seq = self.up_seq[dest] = self.up_seq.get(dest, 0) + 1
             report = replace(report, seq=seq)

@@ -167,8 +167,7 @@ class Recovery:
                                                        left=self.left_the_loop())))
         if ask - {st.rank}:
             assert self.recon is not None
-            names = tuple(sorted(failed))
-            outs += [Send(r, Holding((), names, True, self.recon.token(r))) for r in sorted(ask - {st.rank})]
+            outs += self._ask(self.recon, ask - {st.rank})
         if tell:
             # After the questions: a survivor takes the death from the question and answers it in
             # the same look (see Station.receive). Told first, it learned of the death and often
@@ -269,7 +268,7 @@ class Recovery:
                 # answers again once it knows (an ask waits until the failures it names are known).
                 recon.got.pop(src, None)
                 recon.expected.add(src)
-                outs.append(Send(src, Holding((), tuple(sorted(st.failed)), True, recon.token(src))))
+                outs += self._ask(recon, {src})
         return outs + self._finish_recon() + st.serve()
 
     def on_mirror(self, msg: Mirror) -> list[Effect]:
@@ -458,6 +457,11 @@ class Recovery:
             held.add_ranges(self.delivery.sent().ranges())
         return held
 
+    def _ask(self, recon: Reconciliation, ranks: set[int]) -> list[Effect]:
+        """Ask ``ranks`` what they hold (a numbered question naming every death this rank knows of)."""
+        names = tuple(sorted(self.st.failed))
+        return [Send(r, Holding((), names, True, recon.token(r))) for r in sorted(ranks)]
+
     def _finish_recon(self) -> list[Effect]:
         """Every expected Holding is in (and the ledger loaded): requeue what nobody holds."""
         st = self.st
@@ -470,8 +474,7 @@ class Recovery:
             # closed an id can move between two answers (a lagging rank answers, then claims from
             # its region-master's board; the region-master switches, the id its child's now, and
             # answers without it): nobody's. Asked again: a rank answers once it runs this plan.
-            names = tuple(sorted(st.failed))
-            return [Send(r, Holding((), names, True, recon.token(r))) for r in sorted(behind)]
+            return self._ask(recon, behind)
         d.scan(st.clock())
         if recon.everything:
             assert isinstance(d, Master)
