@@ -386,7 +386,9 @@ class Station:
         if self.drain_requested and w.state is not State.LEFT:
             return self.leave(()) + [Log("drained: leaving the job (an operator's request)")]
         outs: list[Effect] = []
-        if w.hand is not None or w.state is State.LEFT:
+        if w.hand is not None or w.state is State.LEFT or self.closing.released is not None:
+            # (released: no id will come, and its parent, released too, may have left: a question to
+            # its board by message would never be answered)
             return outs
         own = w.parent == self.rank and self.server is not None
         for attempt in range(_ATTEMPTS):

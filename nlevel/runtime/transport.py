@@ -15,7 +15,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ..roles.events import Died
-from ..roles.messages import Message, decode, encode
+from ..roles.messages import Message, Tag, decode, encode
 from . import pids
 from .backoff import poll_until
 from .machine import hostname
@@ -199,6 +199,9 @@ class Transport:
         #: (host, pid, start time) of every rank: a hung one is killed from its host, and only while
         #: its pid still names it (see nlevel.runtime.pids: a pid is reused once its process is gone).
         self.places: list[tuple[str, int, int | None]] = []
+        #: Board questions (two-sided grants) given up unanswered, by owner: their replies, should
+        #: they still come, are dropped (see nlevel.runtime.window.MessageBoards).
+        self.unanswered: dict[int, int] = {}
 
     # -- fault tolerance ----------------------------------------------------------------
     def share(self, values: tuple[Any, ...]) -> list[tuple[Any, ...]]:
@@ -293,7 +296,7 @@ class Transport:
         """Return ``(source, message)`` if one is waiting, else None.
 
         Under fault tolerance, newly dead peers come back as :class:`~nlevel.roles.events.Died`.
-        Replies of the two-sided board fallback are left for the rank that waits for them.
+        A reply of the two-sided board fallback to a question given up is dropped (:meth:`late_reply`).
 
         A probe that finds nothing probes once more: Open MPI's probe (ob1) matches first and
         progresses the transfers after, so a message that arrived while this rank slept is found
@@ -312,7 +315,16 @@ class Transport:
             payload = m.recv()
         except MPI.Exception as exc:
             return self._dead(exc)
+        if tag == Tag.BOARD_REPLY and self.late_reply(src):
+            return None
         return src, decode(tag, payload)
+
+    def late_reply(self, src: int) -> bool:
+        """Whether a board reply from ``src`` answers a question given up (it is dropped)."""
+        owed = self.unanswered.get(src, 0)
+        if owed:
+            self.unanswered[src] = owed - 1
+        return owed > 0
 
     @property
     def thread_multiple(self) -> bool:

@@ -316,7 +316,9 @@ class MessageBoards:
         dead: Returns the ranks known dead (a reply from one never comes).
 
     An operation on the board of a rank that is gone raises ``ConnectionError`` (the roles wait
-    for the news of its death, or for the job's end, instead).
+    for the news of its death, or for the job's end, instead). So does one still waiting when
+    this rank's :class:`~nlevel.roles.messages.Release` arrives: the owner, released too, may have
+    left its loop without answering.
     """
 
     kind = "two-sided"
@@ -355,13 +357,24 @@ class MessageBoards:
             try:
                 # (twice: a probe progresses the transfers after it matched, see Transport.poll)
                 m = comm.improbe(owner, tag, status) or comm.improbe(owner, tag, status)
+                # An idle leaf still looks at its parent's board after its early Ending (ids may
+                # come back after a failure). The master may meanwhile release everyone: a parent
+                # released first leaves its loop with the question unanswered. The Release stays
+                # queued for this rank's loop, which reads it next.
+                released = m is None and comm.iprobe(MPI.ANY_SOURCE, int(Tag.RELEASE))
             except MPI.Exception as exc:  # (under ULFM: the owner died, or ended the job and exited)
                 raise ConnectionError(f"rank {owner} is gone (a board operation got {exc.Get_error_string()})") \
                     from None
             if m is not None:
-                reply = decode(tag, m.recv())
+                payload = m.recv()
+                if self.transport.late_reply(owner):
+                    continue
+                reply = decode(tag, payload)
                 assert isinstance(reply, BoardReply)
                 return reply.values
+            if released:  # (the deputy's Release may only be notice of one to come: the answer may still come)
+                self.transport.unanswered[owner] = self.transport.unanswered.get(owner, 0) + 1
+                raise ConnectionError(f"the job was released while rank {owner} had not answered a board operation")
             if owner in self.dead():
                 raise ConnectionError(f"rank {owner} died while answering a board operation")
             backoff.wait()

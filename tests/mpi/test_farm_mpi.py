@@ -280,6 +280,63 @@ def test_two_sided_grants_run_every_id_once(levels, capfd):
     assert everywhere(exactly_once(mine, set(range(700))) and said)
 
 
+@pytest.mark.timeout(60)
+def test_a_board_question_unanswered_at_the_release_gives_up():
+    """Two-sided grants: a parent released before it answered its child's board question leaves
+    its loop; the child, released too, stops waiting (it had hung for good, 1 in ~7 4-rank jobs).
+    Should the answer still come (the deputy's Release is only notice), it is dropped, and the
+    next question gets its own answer."""
+    from nlevel.roles.messages import BoardOp, BoardReply, Release
+    from nlevel.runtime.transport import Transport
+    from nlevel.runtime.window import MessageBoards
+
+    if comm.size < 2:
+        pytest.skip("needs 2 processes")
+    transport = Transport(comm)
+    boards = MessageBoards(transport, comm.rank, (8, 8), 1e-3, dead=lambda: ())
+    seen: list[object] = []
+    if comm.rank == 1:
+        transport.send(1, Release(0, pending=True))  # (its own: what counts is that one is waiting)
+        try:
+            seen.append(boards(0, 0).get(0))
+        except ConnectionError as exc:
+            seen.append(str(exc))
+    transport.comm.Barrier()
+    if comm.rank == 0:  # the late answer, then the next question's
+        for values in ((7,), (9,)):
+            src, op = wait_for_message(transport)
+            seen.append((src, op))
+            transport.send(src, BoardReply(values))
+    if comm.rank == 1:
+        seen += [m for m in drain_messages(transport)]
+        seen.append(boards(0, 0).get(0))
+    transport.close()
+    expected = {
+        0: [(1, BoardOp(0, "read", 0, 1, 0))] * 2,
+        1: ["the job was released while rank 0 had not answered a board operation", (1, Release(0, pending=True)), 9],
+    }.get(comm.rank, [])
+    assert everywhere(seen == expected), seen
+
+
+def wait_for_message(transport, timeout: float = 10.0):
+    """The next message ``transport.poll`` returns (None after ``timeout`` s)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = transport.poll()
+        if got is not None:
+            return got
+        time.sleep(1e-3)
+    return None
+
+
+def drain_messages(transport, quiet: float = 0.5):
+    """Every message ``transport.poll`` returns until none came for ``quiet`` s."""
+    out = []
+    while (got := wait_for_message(transport, quiet)) is not None:
+        out.append(got)
+    return out
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["error", "not atomic"])
 def test_a_failed_window_self_test_falls_back_to_two_sided_grants(how, monkeypatch, capfd):

@@ -7,7 +7,7 @@ import pytest
 from nlevel.config import Config
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
-from nlevel.roles.events import ReleaseJob, Send
+from nlevel.roles.events import NeedIds, Received, ReleaseJob, Send
 from nlevel.roles.ledger import Ledger
 from nlevel.roles.loop import Loop
 from nlevel.roles.messages import Release
@@ -118,3 +118,20 @@ def test_ranks_the_master_released_are_no_failures_when_they_exit_but_its_held_d
     assert [f.rank for f in st.recovery.failures] == [1] and st.failed == {1}
     st.closing.release_deputy()
     assert st.closing.let_go == {1, 2, 3, 4, 5}
+
+
+class _Untouchable(LocalBoards):
+    """Boards that fail the test when anyone reads them."""
+
+    def __call__(self, rank, kind):
+        raise AssertionError(f"rank {rank}'s board {kind} was asked after the release")
+
+
+def test_a_released_leaf_asks_its_parents_board_nothing():
+    """A leaf whose early Ending let the master release everyone, and that reads its Release before
+    its next claim, claims nothing: its parent, released too, may have left, and under two-sided
+    grants a question it never answers hung the leaf for good (CI, 4 ranks, 3 levels, ULFM)."""
+    st = Station(build(4, Plan(3, (2,))), 3, Config(levels=3, fault_tolerance="on"), lambda: 0.0, _Untouchable(), 10,
+                 None)
+    st.handle(Received(0, Release(0)))
+    assert st.handle(NeedIds(None)) == [] and st.hand is None and st.ended
