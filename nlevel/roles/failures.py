@@ -493,6 +493,13 @@ class Recovery:
             question = recon.held.copy()
             if isinstance(d, Master):
                 question.remove_ranges(d.ledger.committed.ranges())
+            # After a switch the question is the master's carried ids, asked of everyone but itself,
+            # while they keep coming back: its own loop's hand from before the switch is among them,
+            # and so are ids a region gave back since, published again. Requeued, each ran twice.
+            for out in (d.queue, d.published()):
+                question.remove_ranges(out.ranges())
+            if st.worker is not None:
+                question.remove_ranges(st.worker.holding().ranges())
         lost = recon.lost(question, d.settled, self.lost_seen)
         last = recon.records[-1] if recon.records else None
         where = (last.rank, st.hosts[last.rank] if last.rank < len(st.hosts) else "", last.how) if last else (-1, "", "")

@@ -188,3 +188,21 @@ def test_ids_given_back_to_the_dead_master_go_to_the_new_master():
     out = net.run(max_steps=60_000)
     assert state["killed"]
     check(out, 400)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("size", "plan", "kills", "pieces", "report_every", "seed"), [
+    (13, Plan(3, (3,)), [(193, 10)], 0.3, 1, 120),  # the master's own hand, then ids a region gave back
+    (16, Plan(4, (2, 2)), [(189, 2), (541, 4), (791, 4), (794, 5)], 0.0, 1, 479),
+    (13, Plan(3, (3,)), [(235, 10), (563, 2)], 0.3, 4, 161),
+])
+def test_after_a_switch_a_death_requeues_no_id_that_is_in_hand_or_on_the_board(size, plan, kills, pieces,
+                                                                                report_every, seed):
+    """A death after a plan switch makes the master ask everyone but itself about its carried ids
+    (handed out under the old plan). Its own loop's hand from before the switch was among them,
+    and so were ids a region gave back since and the master had published again: requeued, each
+    ran twice (found by a random search of two to four deaths around a switch)."""
+    config = Config(levels=0, force_replan="0.3@3x2", chunk=16 if pieces else plan.chunk, fault_tolerance="on",
+                    report_every=report_every)
+    out = Network(size, plan, 300, seed, config=config, pieces=pieces).run(kills=kills, max_steps=80_000)
+    check(out, 300)
