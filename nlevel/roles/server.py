@@ -447,6 +447,10 @@ class Server:
                 suspects = self.suspects
                 alone = tuple(a for a, b in ranges if b == a + 1 and a in suspects)
             if ranges:
+                if self.settled:
+                    # Out again (ids given back, requeued): a holder's death must bring them back
+                    # again. Left settled, the reconciliation after it took them for nobody's: lost.
+                    self.settled.remove_ranges(ranges)
                 if ranges[-1][1] > self.published_top:
                     self.published_top = ranges[-1][1]
                 owner.publish(self.mine(kind), list(ranges), alone)

@@ -279,6 +279,17 @@ def test_random_deaths_lose_nothing_and_rerun_only_what_was_at_risk(case, seed, 
     assert not out.kills, f"a live rank was killed as hung: {out.kills}"
 
 
+def test_ids_given_back_and_handed_out_again_come_back_when_their_holder_dies():
+    """After a first death the master records what a child gives back as settled (a survivor's
+    older answer may still name it). Handed out again, to a region-master that ran one and died
+    before reporting it, it was left settled: the reconciliation took it for nobody's, and the
+    job waited forever for ids 42, 44 and 46 (a random search of four deaths)."""
+    config = Config(levels=3, regions=(2,), fault_tolerance="on", report_every=1)
+    out = Network(9, Plan(3, (2,)), 300, 1505, config=config).run(kills=[(43, 5), (80, 7), (349, 6), (732, 2)],
+                                                                   max_steps=80_000)
+    check(out, 300)
+
+
 @pytest.mark.parametrize("size,plan", PLANS)
 def test_the_master_hears_every_second_of_task_time(size, plan):
     """The progress line's measured overhead rests on it: every report's busy time reaches the master."""
