@@ -319,6 +319,10 @@ class Transport:
             return None
         return src, decode(tag, payload)
 
+    def give_up(self, owner: int) -> None:
+        """A board question to ``owner`` is given up unanswered: its reply, should it come, is dropped."""
+        self.unanswered[owner] = self.unanswered.get(owner, 0) + 1
+
     def late_reply(self, src: int) -> bool:
         """Whether a board reply from ``src`` answers a question given up (it is dropped)."""
         owed = self.unanswered.get(src, 0)

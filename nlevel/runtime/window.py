@@ -373,7 +373,7 @@ class MessageBoards:
                 assert isinstance(reply, BoardReply)
                 return reply.values
             if released:  # (the deputy's Release may only be notice of one to come: the answer may still come)
-                self.transport.unanswered[owner] = self.transport.unanswered.get(owner, 0) + 1
+                self.transport.give_up(owner)
                 raise ConnectionError(f"the job was released while rank {owner} had not answered a board operation")
             if owner in self.dead():
                 raise ConnectionError(f"rank {owner} died while answering a board operation")
