@@ -396,10 +396,12 @@ def _children(parent: int) -> list[str]:
         return [name for name in os.listdir("/proc") if name.isdigit()]
 
 
-def _ranks_of(parent: int, known: dict[int, int | None]) -> tuple[dict[int, int], dict[int, int]]:
+def _ranks_of(parent: int, known: dict[int, int]) -> tuple[dict[int, int], dict[int, int]]:
     """Return ({rank: pid} of ``parent``'s live child processes that are MPI ranks, {rank: pid} of the stopped ones).
 
-    Read from ``/proc``; ``known`` caches pid -> rank (None: not a rank) across calls.
+    Read from ``/proc``; ``known`` caches pid -> rank across calls. A child without a rank is
+    read again next time: between mpiexec's fork and its exec, a rank's ``environ`` is still
+    mpiexec's (no rank), and caching that hid a rank's death for good (soak trial 58 hung).
     """
     alive: dict[int, int] = {}
     stopped: dict[int, int] = {}
@@ -414,7 +416,6 @@ def _ranks_of(parent: int, known: dict[int, int | None]) -> tuple[dict[int, int]
             continue
         pid = int(name)
         if pid not in known:
-            known[pid] = None
             try:
                 with open(f"/proc/{name}/environ", "rb") as f:
                     for entry in f.read().split(b"\0"):
@@ -422,7 +423,7 @@ def _ranks_of(parent: int, known: dict[int, int | None]) -> tuple[dict[int, int]
                             known[pid] = int(entry.partition(b"=")[2])
             except (OSError, ValueError):
                 pass
-        rank = known[pid]
+        rank = known.get(pid)
         if rank is not None:
             alive[rank] = pid
             if fields[0] == "T":
@@ -481,7 +482,7 @@ def _run_forwarding_signals(cmd: list[str], env: dict[str, str], start_dir: str 
         forward(signum, None)
     _early.clear()
     watch = Watch() if start_dir is not None else None
-    known: dict[int, int | None] = {}
+    known: dict[int, int] = {}
     ended_at: float | None = None  # when the master's end record naming lost ranks was first seen
     while True:
         # (the start: every 0.05 s; the run: its marker directory only, every second; the end: every 0.25 s)

@@ -190,3 +190,35 @@ def test_stale_open_mpi_sessions_are_removed_and_live_ones_kept(tmp_path):
     (tmp_path / "other.123").mkdir()
     assert launch.remove_stale_sessions(str(tmp_path)) == [str(tmp_path / f"ompi.{dead}")]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"ompi.{os.getpid()}", "ompi.vm.0", "other.123"])
+
+
+def test_a_rank_read_between_its_fork_and_its_exec_is_still_found_once_it_runs():
+    # Soak trial 58 (8 processes, a slave SIGSEGV'd during the start) hung: the launcher had read
+    # that child's /proc/PID/environ after mpiexec forked it and before it exec'd, while it still
+    # showed mpiexec's environment (no rank), and cached "not a rank" for good; its death was never seen.
+    import os
+    import time
+
+    pid = os.fork()  # (not subprocess: Popen returns only once its child has exec'd)
+    if pid == 0:  # pragma: no cover - the child: a second as mpiexec's fork, then the rank
+        try:
+            time.sleep(1.0)
+            os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(30)"],
+                      {"OMPI_COMM_WORLD_RANK": "3"})
+        finally:
+            os._exit(1)
+    try:
+        known: dict[int, int] = {}
+        deadline = time.monotonic() + 0.5
+        while pid not in known and time.monotonic() < deadline:
+            launch._ranks_of(launch.os.getpid(), known)
+        assert launch._ranks_of(launch.os.getpid(), known)[0].get(3) is None  # (still mpiexec's environment)
+        deadline = time.monotonic() + 10.0
+        found = None
+        while found is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            found = launch._ranks_of(launch.os.getpid(), known)[0].get(3)
+        assert found == pid
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
