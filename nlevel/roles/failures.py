@@ -120,7 +120,7 @@ class Recovery:
             # Ids out with ranks the master cannot name (claimed by a rank that was not yet its
             # child, or handed off below): one of the dead may have held them. Everyone says
             # what it holds; what nobody holds runs again.
-            d._settle_carried()
+            d.settle()
             if d.carried:
                 self.recon = self.recon or Reconciliation(now=st.clock())
                 others = set(range(st.size)) - failed - {st.rank}
@@ -304,6 +304,7 @@ class Recovery:
         if event.ledger is not None:
             st.ledger.merge(event.ledger)
             d.count_timeouts(st.ledger.timeouts)  # (earlier runs' timeouts: deaths toward quarantine, suspects)
+            d.settle()  # (what was queued while loading may be committed in the file: it must not run again)
         elif event.error:
             self.failures.append(_record(st.rank, st.hierarchy, 0, f"checkpoint unusable: {event.error}",
                                          st.rank, st.wall()))

@@ -225,15 +225,18 @@ class Master(Server):
         carried = self.carried
         return all(carried.overlap(a, b) == b - a for a, b in ranges)
 
-    def _settle_carried(self) -> None:
-        """Forget carried ids the ledger already records (committed, or failed for good).
+    def settle(self) -> None:
+        """Forget queued and carried ids the ledger already records (committed, or failed for good).
 
         An id can become carried after its commit arrived, e.g. a dead region-master's
-        hand-offs absorbed by a new master whose ledger came from the deputy's copy.
+        hand-offs absorbed by a new master whose ledger came from the deputy's copy; and a new
+        master's queue can take ids whose commits it learns only from the checkpoint file.
         """
-        self.carried.remove_ranges(self.ledger.committed.ranges())
-        for tid in self.ledger.failed:
-            self.carried.remove(tid, tid + 1)
+        committed = self.ledger.committed.ranges()
+        for ids in (self.carried, self.queue):
+            ids.remove_ranges(committed)
+            for tid in self.ledger.failed:
+                ids.remove(tid, tid + 1)
 
     @property
     def exhausted(self) -> bool:

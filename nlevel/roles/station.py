@@ -646,7 +646,7 @@ class Station:
             if d.everyone_left() and not d.gone:
                 return self.delivery.report_up(d.leave(now), d.parent)
             d.refill(now)
-        if not self.final:
+        if not self.final and not self.loading:  # (a new master publishes once it knows what is committed)
             d.publish(now)
         if isinstance(d, Region):
             if d.flush_due(now):

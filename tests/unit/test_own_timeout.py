@@ -101,3 +101,23 @@ def test_a_slave_past_the_limit_tells_its_parent_which_counts_the_timeout(ft):
     [notice] = [o for o in outs if isinstance(o, Send) and isinstance(o.msg, TimedOut)]
     assert notice.dest == 0 and notice.msg.ids == ((9, 10),) and notice.msg.rank == 2
     assert [type(o) for o in outs if isinstance(o, (Kill, Abandon))] == [Kill if ft == "on" else Abandon]
+
+
+def test_a_new_master_publishes_nothing_until_its_checkpoint_is_loaded_and_drops_what_the_file_records():
+    """Between its takeover and its ledger from the checkpoint file, what a new master queues
+    (a survivor's given-back ids, say) may be committed in the file: published then, it ran twice."""
+    from nlevel.roles.events import Tick
+
+    st = Station(build(4, Plan(2)), 1, Config(levels=2, fault_tolerance="off"), lambda: 0.0, LocalBoards(), 40)
+    outs = st.fail((0,), "exited")
+    assert any(isinstance(o, LoadCheckpoint) for o in outs) and st.loading
+    st.server.take_back([(5, 10)])
+    st.handle(Tick())
+    assert not st.server.published()  # (nothing out while what is committed is unknown)
+    ledger = Ledger(40)
+    ledger.commit([(0, 8)], ())
+    st.handle(CheckpointLoaded(ledger, ""))
+    assert not st.loading
+    out = st.server.queue.copy()
+    out.add_ranges(st.server.published().ranges())
+    assert out.overlap(0, 8) == 0 and out.overlap(8, 10) == 2
