@@ -40,6 +40,12 @@ MIRROR_BATCH: Final = 256
 RESERVE_SHARE: Final = 1 / 64
 
 
+def _told(rank: int, old: Hierarchy, failed: frozenset[int]) -> set[int]:
+    """The live parent ``rank`` had in ``old``: after a death it tells its new parent what it holds, unasked."""
+    parent = old[rank].parent
+    return {parent} if parent is not None and parent not in failed else set()
+
+
 def _record(rank: int, old: Hierarchy, held: int, how: str, by: int, wall: float) -> FailureRecord:
     return FailureRecord(rank, old[rank].role.value, old[rank].level, how, by, wall, held)
 
@@ -56,6 +62,10 @@ class Recovery:
         self.recon: Reconciliation | None = None  # a reconciliation this rank leads
         self.lost_seen: set[tuple[int, int]] = set()  # a reconciler: (survivor, dead) losses requeued already
         self.deferred: deque[tuple[int, Message]] = deque()  # messages held until this rank learns of a death
+        # A reconciler's record of answers from below its children (rank -> (child, ids)): written
+        # into the child's holding, they are the child's only once the sender's new parent has them.
+        self.vouched: dict[int, tuple[int, RangeSet]] = {}
+        self.given_again = RangeSet()  # a new master: ids given back to the dead master, sent again
         # The master's side of the deputy's copy.
         self.mirror_to: int | None = None  # the deputy it copies to (-1: none; None: not started)
         self.mirror_sent = 0.0  # when it last sent a copy
@@ -95,6 +105,7 @@ class Recovery:
         again, again_results, given_back = self.delivery.lost_with(new)
         wall = st.wall()
         self.replanning.forget(new)  # (the dead never acknowledge a regroup)
+        outs += self.replanning.ack_again(new)
         d = st.server
         ask: set[int] = set()
         if d is not None:
@@ -116,6 +127,8 @@ class Recovery:
                     d.suspects.add_ranges(held.ranges())  # (one of them may be what killed it)
                     n, quarantined = d.requeue_lost(held, x, host, why)
                     self.failures.append(record.closed(n, tuple(quarantined), st.wall()))
+        if d is not None:
+            ask |= self._unvouch(new, old, failed)
         if isinstance(d, Master) and d.carried and not (self.recon is not None and self.recon.everything):
             # Ids out with ranks the master cannot name (claimed by a rank that was not yet its
             # child, or handed off below): one of the dead may have held them. Everyone says
@@ -129,8 +142,10 @@ class Recovery:
             for x in sorted(new & (self.recon.expected | set(self.recon.got))):
                 if x in self.recon.expected:
                     self.recon.last_death = wall  # (its recovery waited for x's answer: x's death ends that wait)
-                mine = reconciler(x, old, nh) == st.rank
-                ask |= self.recon.member_died(x, expected(x, old, failed) if mine else set())
+                # Asked: its children, if it is this rank's to reconcile; and the parent it may have
+                # told what it held, unasked, which then took those ids back when it died.
+                asked = expected(x, old, failed) if reconciler(x, old, nh) == st.rank else set()
+                ask |= self.recon.member_died(x, asked | (_told(x, old, failed) - {st.rank}))
             for x in sorted(new):
                 # Whoever answered and had x as its parent may count completions it sent x: stale.
                 stale = expected(x, old, failed)
@@ -144,12 +159,12 @@ class Recovery:
             ask |= took
         outs += self._relayout(nh)
         if given_back:
-            # Given back to the master that died: to the new one, which reconciles. In its queue
-            # before this rank's answer comes (same sender, in order), they are not requeued twice
-            # (given to this rank's new parent, they arrived after its answer and were).
+            # Given back to the master that died: to the new one, which asks everyone what it holds
+            # and requeues what nobody does (the dead may have handed them out again). They come
+            # before this rank's answer (same sender, in order), which then rightly leaves them out.
             report = Report(returned=given_back.ranges(), epoch=st.epoch, orphan=True)
             if isinstance(st.server, Master):
-                st.server.take_orphan(report, st.clock())  # (as an orphan: not `settled`, as a child's would be)
+                self.take_orphan(report)
             else:
                 outs += self.delivery.report_up(report, nh.master)
         if again:
@@ -233,6 +248,25 @@ class Recovery:
             self.deferred.append((src, msg))
         return waiting
 
+    def take_orphan(self, report: Report) -> None:
+        """The master: completions, given-back ids and failures sent under an older plan (or again,
+        after the master they went to died). As an orphan: not `settled`, as a child's would be.
+
+        Ids given back to this master are its own: in question in a reconciliation asked before
+        they came, they ran twice, queued here and requeued as nobody's (replan_fuzz seed 842).
+        Given back to a master that died, they wait for this new master's reconciliation (see
+        :meth:`_finish_recon`): the dead may have handed some out again (seed 666).
+        """
+        d = self.st.server
+        assert isinstance(d, Master)
+        everything = self.recon is not None and self.recon.everything
+        d.take_orphan(report, self.st.clock(), everything)
+        if self.recon is not None and report.returned:
+            if everything:
+                self.given_again.add_ranges(report.returned)
+            else:
+                self.recon.held.remove_ranges(report.returned)
+
     def left_the_loop(self) -> bool:
         """Whether this rank claims no more: its loop left early and it serves nobody (or its region left)."""
         d, w = self.st.server, self.st.worker
@@ -256,6 +290,8 @@ class Recovery:
             path = st.hierarchy[path].parent
         if path is not None and path != st.rank:
             d.attach(d.children[path], held)  # the child's subtree holds these now
+            if path != src:
+                self.vouched.setdefault(src, (path, RangeSet()))[1].add_ranges(held.ranges())
             if msg.left and path == src:
                 d.child_left(d.children[src])  # (its leaving report went to the parent that died)
         outs: list[Effect] = []
@@ -311,6 +347,34 @@ class Recovery:
         return self._finish_recon() + st.serve()
 
     # -- the pieces -----------------------------------------------------------------------------
+    def _unvouch(self, new: frozenset[int], old: Hierarchy, failed: frozenset[int]) -> set[int]:
+        """Dead ranks whose answers this rank wrote into a child's holding: those ids are in question.
+
+        The sender also told its new parent (unasked); dead before that parent heard it, the
+        parent dropped the news with the rest of the dead's messages, and only this rank's record
+        of the child said the ids were held: nobody would run them (a hang, replan_fuzz seed 949).
+        The parent is asked: it holds them (taken back at the death) or they run again.
+        """
+        d = self.st.server
+        assert d is not None
+        ask: set[int] = set()
+        for x in sorted(new & set(self.vouched)):
+            path, ids = self.vouched.pop(x)
+            child = d.children.get(path)
+            if child is None:
+                continue  # (dead too: its ids are in question with it)
+            gone = ids.copy()
+            gone.remove_ranges(child.held.ranges())
+            moved = ids.copy()
+            moved.remove_ranges(gone.ranges())
+            if not moved:
+                continue  # (finished, or handed back, since)
+            child.held.remove_ranges(moved.ranges())
+            d.held_total -= len(moved)
+            self.recon = self.recon or Reconciliation(now=self.st.clock())
+            ask |= self.recon.add_dead(moved, _told(x, old, failed) - {self.st.rank} or {path}, None)
+        return ask
+
     def _take_over(self, old: Hierarchy, nh: Hierarchy, wall: float, how: str) -> tuple[set[int], list[Effect]]:
         """This rank is the new master: the ledger from the mirror (and the checkpoint); reconcile everything."""
         st = self.st
@@ -502,6 +566,20 @@ class Recovery:
             if st.worker is not None:
                 question.remove_ranges(st.worker.holding().ranges())
         lost = recon.lost(question, d.settled, self.lost_seen)
+        if recon.everything and self.given_again:
+            # Ids given back to the master that died run again unless an answer to this question
+            # holds them (handed out again since; older records, stale after a switch, do not count).
+            assert isinstance(d, Master)
+            again, self.given_again = self.given_again, RangeSet()
+            again.remove_ranges(d.ledger.committed.ranges())
+            for tid in d.ledger.failed:
+                again.remove(tid, tid + 1)
+            for answers in (recon.got, recon.got_sent):
+                for held in answers.values():
+                    again.remove_ranges(held.ranges())
+            for out in (d.queue, d.published()):
+                again.remove_ranges(out.ranges())
+            lost.add_ranges(again.ranges())
         last = recon.records[-1] if recon.records else None
         where = (last.rank, st.hosts[last.rank] if last.rank < len(st.hosts) else "", last.how) if last else (-1, "", "")
         # A dead master's queue was never in flight: its ids count no death toward quarantine.

@@ -187,8 +187,13 @@ class Master(Server):
             return failure
         return replace(failure, error=error, traceback=traceback)
 
-    def take_orphan(self, report: Report, now: float) -> None:
-        """Completions, given-back ids and failures that arrived under an older plan."""
+    def take_orphan(self, report: Report, now: float, reconciling: bool = False) -> None:
+        """Completions, given-back ids and failures that arrived under an older plan.
+
+        ``reconciling``: this new master asks every survivor what it holds, and requeues what
+        nobody holds: given-back ids are left to that. Given back to the master that died, which
+        may have handed some out again since, they ran twice when queued here (replan_fuzz seed 666).
+        """
         self.busy_below += report.busy
         if report.done:
             self._accept_done(report.done, report.results, now)
@@ -196,6 +201,8 @@ class Master(Server):
             self.task_failed(f)
         if report.returned:
             self.carried.remove_ranges(report.returned)
+            if reconciling:
+                return
             # (given back again after the master's death, an id may have been run and committed
             # meanwhile, or failed for good: an orphan is rare, the ledger's look affordable)
             back = RangeSet(report.returned)

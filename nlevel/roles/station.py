@@ -617,7 +617,7 @@ class Station:
         if not (report.done or report.returned or report.failed):
             return []
         if isinstance(self.server, Master):
-            self.server.take_orphan(report, self.clock())
+            self.recovery.take_orphan(report)
             self.delivery.heard(src, report.seq)  # (safe, as any report, once the deputy has the commits)
             return self.serve()
         return self.delivery.relay(src, report, self.hierarchy.master)

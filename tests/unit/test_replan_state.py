@@ -195,14 +195,81 @@ def test_ids_given_back_to_the_dead_master_go_to_the_new_master():
     (13, Plan(3, (3,)), [(193, 10)], 0.3, 1, 120),  # the master's own hand, then ids a region gave back
     (16, Plan(4, (2, 2)), [(189, 2), (541, 4), (791, 4), (794, 5)], 0.0, 1, 479),
     (13, Plan(3, (3,)), [(235, 10), (563, 2)], 0.3, 4, 161),
+    (9, Plan(3, (2,)), [(178, 1), (351, 1), (427, 1)], 0.0, 1, 842),  # ids given back after the question
 ])
 def test_after_a_switch_a_death_requeues_no_id_that_is_in_hand_or_on_the_board(size, plan, kills, pieces,
                                                                                 report_every, seed):
     """A death after a plan switch makes the master ask everyone but itself about its carried ids
     (handed out under the old plan). Its own loop's hand from before the switch was among them,
     and so were ids a region gave back since and the master had published again: requeued, each
-    ran twice (found by a random search of two to four deaths around a switch)."""
+    ran twice (found by a random search of two to four deaths around a switch). So were ids given
+    back after the question was asked: the master's own again, not in question."""
     config = Config(levels=0, force_replan="0.3@3x2", chunk=16 if pieces else plan.chunk, fault_tolerance="on",
                     report_every=report_every)
     out = Network(size, plan, 300, seed, config=config, pieces=pieces).run(kills=kills, max_steps=80_000)
     check(out, 300)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("size", "plan", "kills", "pieces", "report_every", "switch", "seed"), [
+    (16, Plan(4, (2, 2)), [(273, 8), (375, 10), (567, 10), (642, 15)], 0.0, 4, False, 949),
+    (13, Plan(3, (3,)), [(282, 0), (393, 12)], 0.3, 4, True, 2172),
+])
+def test_a_rank_that_answered_a_reconciler_then_died_before_its_new_parent_heard_from_it_loses_nothing(
+        size, plan, kills, pieces, report_every, switch, seed):
+    """A region-master's death: a survivor below it answers the reconciler (which writes the ids
+    into its child's holding, the survivor's new region-master) and tells its new parent, unasked;
+    dead before that parent heard it, the parent drops the news with the dead's other messages,
+    and only the reconciler's record says the ids are held. Nobody ran them: the job hung (found by
+    ``bench/replan_fuzz.py --deaths``)."""
+    config = Config(levels=0 if switch else plan.levels, regions=() if switch else plan.regions,
+                    force_replan="0.3@3x2" if switch else "", chunk=16 if pieces else plan.chunk,
+                    fault_tolerance="on", report_every=report_every)
+    out = Network(size, plan, 300, seed, config=config, pieces=pieces).run(kills=kills, max_steps=80_000)
+    check(out, 300)
+
+
+@pytest.mark.timeout(120)
+def test_ids_given_back_to_a_master_that_died_and_handed_out_again_since_run_once():
+    """A rank gives ids back to the master, which publishes them again and some are claimed; the
+    master dies. Not yet safe, the ids go back again to the new master, which queued them while
+    their new holders ran them: twice (found by ``bench/replan_fuzz.py --deaths``, seed 666). The
+    new master asks every survivor what it holds: what nobody holds runs again, once."""
+    plan = Plan(4, (2, 2))
+    config = Config(levels=0, force_replan="0.3@3x2", chunk=plan.chunk, fault_tolerance="on", report_every=1)
+    out = Network(16, plan, 300, 666, config=config).run(kills=[(444, 9), (512, 0), (830, 10)], max_steps=80_000)
+    check(out, 300)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("size", "plan", "kills", "pieces", "report_every", "seed"), [
+    (13, Plan(3, (3,)), [(234, 9), (732, 4)], 0.3, 4, 1835),
+    (16, Plan(4, (2, 2)), [(281, 9), (369, 12), (373, 4)], 0.0, 4, 2407),
+    (16, Plan(4, (2, 2)), [(287, 11), (415, 12), (450, 3), (584, 6)], 0.3, 4, 1180),
+])
+def test_a_switch_acknowledged_to_a_parent_that_had_died_reaches_the_rank_that_took_its_place(
+        size, plan, kills, pieces, report_every, seed):
+    """A region-master dies; before its children hear of it, the Regroup of a switch reaches them
+    and they acknowledge it to the dead. The survivor that leads the region in their place (in its
+    own view, their parent) waited for their Acks for ever, and the job never ended (found by
+    ``bench/replan_fuzz.py --deaths``). Learning of the death, a child acknowledges again."""
+    config = Config(levels=0, force_replan="0.3@3x2", chunk=16 if pieces else plan.chunk, fault_tolerance="on",
+                    report_every=report_every)
+    out = Network(size, plan, 300, seed, config=config, pieces=pieces).run(kills=kills, max_steps=80_000)
+    check(out, 300)
+
+
+def test_a_child_acknowledges_its_switch_again_to_the_rank_that_took_its_dead_parents_place():
+    from nlevel.roles.events import Received, Send
+    from nlevel.roles.messages import Ack
+
+    old = build(13, Plan(3, (3,)))
+    dead = next(r for r in range(1, 13) if old[r].children)  # (a region-master)
+    child = max(old[dead].children)
+    st = Station(old, child, Config(levels=3, regions=(3,), fault_tolerance="on"), lambda: 0.0, LocalBoards(), 40)
+    outs = st.handle(Received(0, Regroup(1, Plan(2), ())))
+    assert [o.dest for o in outs if isinstance(o, Send) and isinstance(o.msg, Ack)] == [dead]
+    outs = st.fail((dead,), "ulfm")
+    heir = build(13, Plan(3, (3,)), frozenset({dead}))[child].parent
+    assert heir not in (None, 0, dead)
+    assert [(o.dest, o.msg.epoch) for o in outs if isinstance(o, Send) and isinstance(o.msg, Ack)] == [(heir, 1)]
