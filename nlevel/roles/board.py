@@ -342,12 +342,14 @@ class Owner:
 
         Afterwards no slot holds a range, so no claim can succeed any more; what was
         swapped meanwhile is in :attr:`claimed`, what was taken back in :attr:`returned`.
+        The last look is a full one: a waiting claimer swaps without moving HEAD, and a claim
+        left unattributed when the board retires is in nobody's account.
         """
         self.set_flags(mem, flags)
         self.scan(mem, now)
         self.reclaim(mem, now)
         self.take_back_unclaimed(mem)
-        self.scan(mem, now)
+        self.scan(mem, now, full=True)
 
     # -- publishing -----------------------------------------------------------------
     def room(self) -> int:

@@ -239,3 +239,21 @@ def test_a_waiting_ticket_that_the_ring_lapped_is_attributed_before_its_report()
     owner.scan(mem, 1.0)  # HEAD has not moved: the quick look cannot see it ...
     owner.scan(mem, 1.0, full=True)  # ... the full one does
     assert (5, 7, 8) in owner.claimed
+
+
+def test_closing_attributes_a_claim_that_head_does_not_show():
+    """The lapped claimer above, with the board closed before any full scan: its claim must be
+    attributed by the close, or the id is in no account once the server retires (a plan switch;
+    the claimer then died and nobody ran the id: ``replan_fuzz --deaths`` seed 3436 hung)."""
+    mem = B.LocalMemory(2)
+    owner = B.Owner(2)
+    slow = B.Claimer(5, 2)
+    assert slow.claim(mem).status == "wait"
+    owner.publish(mem, [(0, 1), (1, 2)])
+    owner.scan(mem, 0.0)
+    owner.reclaim(mem, 0.0)
+    owner.scan(mem, 0.0)
+    owner.publish(mem, [(7, 8)])
+    assert slow.claim(mem) == B.Claim(7, 8, "ids")
+    owner.close(mem, B.CLOSED, now=1.0)
+    assert (5, 7, 8) in owner.claimed and (7, 8) not in owner.published()
