@@ -43,9 +43,9 @@ class Replanning:
         self.delivery = delivery
         self.unacked: dict[int, set[int]] = {}  # epoch -> old children not yet acknowledged
         self.future: list[tuple[int, Message]] = []  # messages from a newer epoch than ours
-        # (old parent, epoch, hierarchy before the switch) of this rank's last Ack: should that
+        # epoch -> (old parent, the hierarchy before the switch) of this rank's Acks: should that
         # parent turn out dead, the rank that took its place in the old plan waits for the Ack
-        self.acked: tuple[int, int, Hierarchy] | None = None
+        self.acked: dict[int, tuple[int, Hierarchy]] = {}
 
     def forget(self, dead: frozenset[int]) -> None:
         """``dead`` died: they will never acknowledge a regroup."""
@@ -163,30 +163,33 @@ class Replanning:
         st.lay_out(build(st.size, msg.plan, st.failed, frozenset(msg.out), st.hierarchy.node_sizes))
         if old_parent is not None and old_parent not in st.failed:
             outs.append(Send(old_parent, Ack(msg.epoch)))
-            self.acked = (old_parent, msg.epoch, before)
+            self.acked[msg.epoch] = (old_parent, before)
         future, self.future = self.future, []
         for src, m in future:
             outs += st.receive(src, m)
         return outs + st.serve()
 
     def ack_again(self, dead: frozenset[int]) -> list[Effect]:
-        """The old parent this rank acknowledged its last switch to is among ``dead``: acknowledge it to
-        the rank that leads its block of the old plan without them, which waits for it.
+        """An old parent this rank acknowledged a switch to is among ``dead``: acknowledge it to the
+        rank that leads its block of the old plan without them, which waits for it.
 
         The Regroup came before the news of the death, so the Ack went to the dead; the
         survivor that took over its block (and its children, in its own view) waited for an Ack
-        for ever and never ended (replan_fuzz seed 1835).
+        for ever and never ended (replan_fuzz seeds 1835, 3298: the Ack of an earlier switch).
+        The hierarchy is kept per switch (a plan's worth each, as ``plans``).
         """
         st = self.st
-        if self.acked is None or self.acked[0] not in dead:
-            return []
-        _, epoch, before = self.acked
-        parent = build(st.size, before.plan, st.failed, before.out, before.node_sizes)[st.rank].parent
-        if parent is None or parent in st.failed or parent == st.rank:
-            self.acked = None
-            return []
-        self.acked = (parent, epoch, before)
-        return [Send(parent, Ack(epoch))]
+        outs: list[Effect] = []
+        for epoch, (parent, before) in sorted(self.acked.items()):
+            if parent not in dead:
+                continue
+            heir = build(st.size, before.plan, st.failed, before.out, before.node_sizes)[st.rank].parent
+            if heir is None or heir in st.failed or heir == st.rank:
+                del self.acked[epoch]
+                continue
+            self.acked[epoch] = (heir, before)
+            outs.append(Send(heir, Ack(epoch)))
+        return outs
 
     def ack(self, src: int, msg: Ack) -> list[Effect]:
         """An old child switched: stop waiting for it."""

@@ -246,6 +246,7 @@ def test_ids_given_back_to_a_master_that_died_and_handed_out_again_since_run_onc
     (13, Plan(3, (3,)), [(234, 9), (732, 4)], 0.3, 4, 1835),
     (16, Plan(4, (2, 2)), [(281, 9), (369, 12), (373, 4)], 0.0, 4, 2407),
     (16, Plan(4, (2, 2)), [(287, 11), (415, 12), (450, 3), (584, 6)], 0.3, 4, 1180),
+    (16, Plan(4, (2, 2)), [(507, 9), (553, 8), (804, 13)], 0.0, 4, 3298),  # the Ack of the switch before last
 ])
 def test_a_switch_acknowledged_to_a_parent_that_had_died_reaches_the_rank_that_took_its_place(
         size, plan, kills, pieces, report_every, seed):
@@ -273,3 +274,15 @@ def test_a_child_acknowledges_its_switch_again_to_the_rank_that_took_its_dead_pa
     heir = build(13, Plan(3, (3,)), frozenset({dead}))[child].parent
     assert heir not in (None, 0, dead)
     assert [(o.dest, o.msg.epoch) for o in outs if isinstance(o, Send) and isinstance(o.msg, Ack)] == [(heir, 1)]
+
+
+@pytest.mark.timeout(120)
+def test_a_claim_the_master_sees_only_when_a_switch_closes_its_board_is_carried():
+    """A rank waiting on the master's board took an id without moving HEAD, and the switch's close
+    looked only as far as HEAD: the id was in no account, its claimer died, and the job waited for
+    ever (``bench/replan_fuzz.py --deaths``, seed 3436; test_board has the board's part)."""
+    plan = Plan(3, (3,))
+    config = Config(levels=0, force_replan="0.3@3x2", chunk=plan.chunk, fault_tolerance="on", report_every=4)
+    out = Network(13, plan, 300, 3436, config=config).run(kills=[(328, 12), (334, 12), (437, 5), (894, 8)],
+                                                         max_steps=80_000)
+    check(out, 300)
