@@ -21,7 +21,7 @@ from .delivery import Delivery
 from .events import CheckpointLoaded, Effect, LoadCheckpoint, Send, TeamLost
 from .host import Host
 from .ledger import Ledger
-from .messages import FailureRecord, Gone, Holding, Message, Mirror, Report
+from .messages import FailureRecord, Gone, Holding, Message, Mirror, Report, Unsettled
 from .recovery import BEATS, GIVEN_UP, Reconciliation, deputy, expected, reconciler
 from .replan import Replanning
 from .master import Master
@@ -266,6 +266,49 @@ class Recovery:
                 self.given_again.add_ranges(report.returned)
             else:
                 self.recon.held.remove_ranges(report.returned)
+
+    def hand_over(self) -> list[Effect]:
+        """This rank stopped serving the plan it was reconciling a death under (a switch): the ids
+        still in question go to the master, which asks every survivor.
+
+        Answers would come to a rank with no server of that plan to requeue into, and meanwhile
+        its own answers claimed the ids for ever (a hang, replan_fuzz seed 7740).
+        """
+        st, recon = self.st, self.recon
+        if recon is None or recon.everything or isinstance(st.server, Master):
+            return []
+        self.recon = None
+        if st.server is not None:
+            st.server.reconciling = False
+        ids = recon.held.copy()
+        if st.worker is not None:
+            ids.remove_ranges(st.worker.holding().ranges())
+        wall = st.wall()
+        for record in recon.records:  # (what runs again is the master's to count now)
+            self.failures.append(record.closed(0, (), wall, since=recon.last_death))
+        return [Send(st.hierarchy.master, Unsettled(ids.ranges()))] if ids else []
+
+    def on_unsettled(self, msg: Unsettled) -> list[Effect]:
+        """The master: ids a rank that stopped serving could not settle (see :meth:`hand_over`): ask everyone."""
+        st = self.st
+        d = st.server
+        if not isinstance(d, Master):
+            # (sent under a plan, or to a master, this rank has not caught up with): to the master
+            master = st.hierarchy.master
+            return [Send(master, msg)] if master != st.rank else []
+        if self.recon is not None and self.recon.everything:
+            return []  # (every id not committed is in question already)
+        ids = RangeSet(msg.ids)
+        ids.remove_ranges(d.ledger.committed.ranges())
+        for tid in d.ledger.failed:
+            ids.remove(tid, tid + 1)
+        if not ids:
+            return []
+        d.carried.add_ranges(ids.ranges())  # (out under an earlier plan: a later death questions them too)
+        self.recon = self.recon or Reconciliation(now=st.clock())
+        d.reconciling = True
+        ask = self.recon.add_dead(ids, set(range(st.size)) - st.failed - {st.rank}, None)
+        return self._ask(self.recon, ask) + self._finish_recon() + st.serve()
 
     def left_the_loop(self) -> bool:
         """Whether this rank claims no more: its loop left early and it serves nobody (or its region left)."""

@@ -286,3 +286,19 @@ def test_a_claim_the_master_sees_only_when_a_switch_closes_its_board_is_carried(
     out = Network(13, plan, 300, 3436, config=config).run(kills=[(328, 12), (334, 12), (437, 5), (894, 8)],
                                                          max_steps=80_000)
     check(out, 300)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("kills", "seed"), [
+    ([(395, 12), (711, 5)], 7740),
+    ([(304, 12), (483, 14), (488, 4), (637, 15)], 8111),
+])
+def test_a_region_master_that_switches_while_it_reconciles_a_death_hands_the_question_to_the_master(kills, seed):
+    """A region-master reconciling the death of a server below it switched plans before the answers
+    came: with no server of that plan it dropped them, and its own answers claimed the ids for ever
+    (a hang; ``bench/replan_fuzz.py --deaths``). It now hands the ids in question to the master,
+    which asks everyone."""
+    plan = Plan(4, (2, 2))
+    config = Config(levels=0, force_replan="0.3@3x2", chunk=plan.chunk, fault_tolerance="on", report_every=4)
+    out = Network(16, plan, 300, seed, config=config).run(kills=kills, max_steps=80_000)
+    check(out, 300)
