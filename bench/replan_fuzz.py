@@ -146,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  seed {d['seed']}, {d['size']} ranks, {d['levels']} levels, kills {d['kills']}, "
                   f"switch {d['switch']}: {d['why']}")
     if args.json:
+        prov = provenance.record()  # (before the file is opened: truncating a tracked result makes the tree "dirty")
         with open(args.json, "w") as fh:
-            json.dump({"provenance": provenance.record(), "rows": rows, "failures": failures, "trials": total,
+            json.dump({"provenance": prov, "rows": rows, "failures": failures, "trials": total,
                        "deaths": {"trials": args.deaths, "failures": deaths},
                        "seconds": round(time.perf_counter() - t0, 1)}, fh, indent=1)
             fh.write("\n")
