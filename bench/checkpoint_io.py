@@ -25,6 +25,7 @@ import numpy as np
 
 from nlevel.roles.ledger import Ledger
 from nlevel.runtime import checkpoint as ck
+from nlevel.runtime.checkpoint_write import _record
 
 
 def case(n_ranges: int, n_results: int, total: int) -> ck.Snapshot:
@@ -83,7 +84,7 @@ def appends(d: str, writes: int) -> None:
                 a = base + k * new
                 led.commit([(a, a + new)], [(i, 1.0) for i in range(a, a + new)])
                 ch = led.changes()
-                record = len(ck._record(ch))
+                record = len(_record(ch))
                 t0 = time.perf_counter()
                 store.write(ch)
                 times.append(time.perf_counter() - t0)

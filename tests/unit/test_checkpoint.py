@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from nlevel.errors import CheckpointError
 from nlevel.runtime import checkpoint as ck
+from nlevel.runtime import checkpoint_read, checkpoint_write
 
 from ..conftest import examples
 
@@ -184,7 +185,7 @@ def test_fresh_moves_the_old_file_aside(tmp_path: Path, monkeypatch: pytest.Monk
         def now(cls, tz: Any = None) -> Frozen:
             return cls(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 
-    monkeypatch.setattr(ck, "datetime", Frozen)
+    monkeypatch.setattr(checkpoint_read, "datetime", Frozen)  # (where resume moves the file aside)
     path = tmp_path / "ck.h5"
     bak = tmp_path / "ck.h5.20300102T030405.bak"
     bak1 = tmp_path / "ck.h5.20300102T030405-1.bak"
@@ -465,7 +466,7 @@ def test_a_full_disk_is_one_checkpoint_error_naming_the_file_and_the_cause(tmp_p
     path = tmp_path / "run.h5"
     ck.write(path, META, snap([[0, 2]]))
     before = sha(path)
-    monkeypatch.setattr(ck, "h5", lambda: _FullDisk)
+    monkeypatch.setattr(checkpoint_write, "h5", lambda: _FullDisk)  # (where the writers look h5 up)
     for attempt in ("write", "writer"):
         with pytest.raises(CheckpointError) as e:
             if attempt == "write":

@@ -26,6 +26,7 @@ from nlevel.errors import CheckpointError
 from nlevel.roles.ledger import Ledger
 from nlevel.roles.messages import TaskFailure
 from nlevel.runtime import checkpoint as ck
+from nlevel.runtime import checkpoint_write
 from nlevel.runtime import journal
 
 from ..conftest import ROOT, examples
@@ -162,7 +163,7 @@ def test_a_write_costs_what_is_new_not_what_the_file_holds(tmp_path: Path) -> No
     for k in range(400):
         led.commit([(100 * k, 100 * k + 100)], [(i, 2.0) for i in range(100 * k, 100 * k + 100, 2)])
         ch = led.changes()
-        appended += len(ck._record(ch))
+        appended += len(checkpoint_write._record(ch))
         store.write(ch)
     assert store.compactions >= 3, store.compactions
     assert store.bytes_written <= 4 * appended + 200_000, (store.bytes_written, appended)
@@ -305,8 +306,9 @@ def test_the_writer_joins_pending_changes_and_keeps_what_a_failed_append_lost(tm
     deadline = time.monotonic() + 20
     while (not path.exists() or len(state(path)[0]) < 50) and time.monotonic() < deadline:
         time.sleep(0.01)  # (all written, before the disk fills)
-    real = ck._write_at
-    monkeypatch.setattr(ck, "_write_at", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    real = checkpoint_write._write_at
+    monkeypatch.setattr(checkpoint_write, "_write_at",
+                        lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
     led.commit([(7000, 7010)], [(7001, 1.0)])
     w.submit(led.changes())
     deadline = time.monotonic() + 20
@@ -314,7 +316,7 @@ def test_the_writer_joins_pending_changes_and_keeps_what_a_failed_append_lost(tm
         time.sleep(0.01)
     assert w.error is not None and "No space left on device (errno 28)" in str(w.error) and w.failures >= 1
     assert 7001 not in state(path)[1]
-    monkeypatch.setattr(ck, "_write_at", real)
+    monkeypatch.setattr(checkpoint_write, "_write_at", real)
     led.commit([(8000, 8001)])
     w.close(led.changes())  # the failed changes go with these
     assert w.error is None and state(path) == ledger_state(led) and w.appends >= 1
