@@ -21,7 +21,7 @@ from .delivery import Delivery
 from .events import CheckpointLoaded, Effect, LoadCheckpoint, Send, TeamLost
 from .host import Host
 from .ledger import Ledger
-from .messages import FailureRecord, Gone, Holding, Message, Mirror, Report, Unsettled
+from .messages import FailureRecord, Gone, Holding, Message, Mirror, Report, InQuestion
 from .recovery import BEATS, GIVEN_UP, Reconciliation, deputy, expected, reconciler
 from .replan import Replanning
 from .master import Master
@@ -64,7 +64,7 @@ class Recovery:
         self.deferred: deque[tuple[int, Message]] = deque()  # messages held until this rank learns of a death
         # A reconciler's record of answers from below its children (rank -> (child, ids)): written
         # into the child's holding, they are the child's only once the sender's new parent has them.
-        self.vouched: dict[int, tuple[int, RangeSet]] = {}
+        self.vouched: dict[int, tuple[int, int, RangeSet]] = {}  # (child, epoch, ids): a switch moves records
         self.given_again = RangeSet()  # a new master: ids given back to the dead master, sent again
         # The master's side of the deputy's copy.
         self.mirror_to: int | None = None  # the deputy it copies to (-1: none; None: not started)
@@ -133,7 +133,7 @@ class Recovery:
             # Ids out with ranks the master cannot name (claimed by a rank that was not yet its
             # child, or handed off below): one of the dead may have held them. Everyone says
             # what it holds; what nobody holds runs again.
-            d.settle()
+            d.forget_recorded()
             if d.carried:
                 self.recon = self.recon or Reconciliation(now=st.clock())
                 others = set(range(st.size)) - failed - {st.rank}
@@ -253,9 +253,9 @@ class Recovery:
         after the master they went to died). As an orphan: not `settled`, as a child's would be.
 
         Ids given back to this master are its own: in question in a reconciliation asked before
-        they came, they ran twice, queued here and requeued as nobody's (replan_fuzz seed 842).
+        they came, they ran twice, queued here and requeued as nobody's.
         Given back to a master that died, they wait for this new master's reconciliation (see
-        :meth:`_finish_recon`): the dead may have handed some out again (seed 666).
+        :meth:`_finish_recon`): the dead may have handed some out again.
         """
         d = self.st.server
         assert isinstance(d, Master)
@@ -272,7 +272,7 @@ class Recovery:
         still in question go to the master, which asks every survivor.
 
         Answers would come to a rank with no server of that plan to requeue into, and meanwhile
-        its own answers claimed the ids for ever (a hang, replan_fuzz seed 7740).
+        its own answers claimed the ids for ever: a hang.
         """
         st, recon = self.st, self.recon
         if recon is None or recon.everything or isinstance(st.server, Master):
@@ -286,9 +286,9 @@ class Recovery:
         wall = st.wall()
         for record in recon.records:  # (what runs again is the master's to count now)
             self.failures.append(record.closed(0, (), wall, since=recon.last_death))
-        return [Send(st.hierarchy.master, Unsettled(ids.ranges()))] if ids else []
+        return [Send(st.hierarchy.master, InQuestion(ids.ranges()))] if ids else []
 
-    def on_unsettled(self, msg: Unsettled) -> list[Effect]:
+    def on_in_question(self, msg: InQuestion) -> list[Effect]:
         """The master: ids a rank that stopped serving could not settle (see :meth:`hand_over`): ask everyone."""
         st = self.st
         d = st.server
@@ -296,16 +296,23 @@ class Recovery:
             # (sent under a plan, or to a master, this rank has not caught up with): to the master
             master = st.hierarchy.master
             return [Send(master, msg)] if master != st.rank else []
-        if self.recon is not None and self.recon.everything:
-            return []  # (every id not committed is in question already)
         ids = RangeSet(msg.ids)
         ids.remove_ranges(d.ledger.committed.ranges())
         for tid in d.ledger.failed:
             ids.remove(tid, tid + 1)
+        for out in (d.queue, d.published()):
+            ids.remove_ranges(out.ranges())  # (its own: the sender's stock, given back just before)
         if not ids:
             return []
-        d.carried.add_ranges(ids.ranges())  # (out under an earlier plan: a later death questions them too)
+        # Whatever records say of them (the sender's earlier answers, carried over at a switch)
+        # is void: fresh answers from everyone say who holds them.
+        for child in d.children.values():
+            d.held_total -= child.held.remove_ranges(ids.ranges())
         self.recon = self.recon or Reconciliation(now=st.clock())
+        if self.recon.everything:
+            d.carried.remove_ranges(ids.ranges())  # (a new master's question leaves carried ids out)
+        else:
+            d.carried.add_ranges(ids.ranges())  # (out under an earlier plan: a later death questions them too)
         d.reconciling = True
         ask = self.recon.add_dead(ids, set(range(st.size)) - st.failed - {st.rank}, None)
         return self._ask(self.recon, ask) + self._finish_recon() + st.serve()
@@ -334,7 +341,10 @@ class Recovery:
         if path is not None and path != st.rank:
             d.attach(d.children[path], held)  # the child's subtree holds these now
             if path != src:
-                self.vouched.setdefault(src, (path, RangeSet()))[1].add_ranges(held.ranges())
+                entry = self.vouched.get(src)
+                if entry is None or entry[1] != st.epoch:
+                    entry = self.vouched[src] = (path, st.epoch, RangeSet())
+                entry[2].add_ranges(held.ranges())
             if msg.left and path == src:
                 d.child_left(d.children[src])  # (its leaving report went to the parent that died)
         outs: list[Effect] = []
@@ -383,7 +393,7 @@ class Recovery:
         if event.ledger is not None:
             st.ledger.merge(event.ledger)
             d.count_timeouts(st.ledger.timeouts)  # (earlier runs' timeouts: deaths toward quarantine, suspects)
-            d.settle()  # (what was queued while loading may be committed in the file: it must not run again)
+            d.forget_recorded()  # (what was queued while loading may be committed in the file: it must not run again)
         elif event.error:
             self.failures.append(_record(st.rank, st.hierarchy, 0, f"checkpoint unusable: {event.error}",
                                          st.rank, st.wall()))
@@ -395,17 +405,17 @@ class Recovery:
 
         The sender also told its new parent (unasked); dead before that parent heard it, the
         parent dropped the news with the rest of the dead's messages, and only this rank's record
-        of the child said the ids were held: nobody would run them (a hang, replan_fuzz seed 949).
+        of the child said the ids were held: nobody would run them (a hang).
         The parent is asked: it holds them (taken back at the death) or they run again.
         """
         d = self.st.server
         assert d is not None
         ask: set[int] = set()
         for x in sorted(new & set(self.vouched)):
-            path, ids = self.vouched.pop(x)
+            path, epoch, ids = self.vouched.pop(x)
             child = d.children.get(path)
-            if child is None:
-                continue  # (dead too: its ids are in question with it)
+            if child is None or epoch != self.st.epoch:
+                continue  # (dead too: its ids are in question with it; or a switch carried its record)
             gone = ids.copy()
             gone.remove_ranges(child.held.ranges())
             moved = ids.copy()
@@ -622,6 +632,8 @@ class Recovery:
                     again.remove_ranges(held.ranges())
             for out in (d.queue, d.published()):
                 again.remove_ranges(out.ranges())
+            if st.worker is not None:
+                again.remove_ranges(st.worker.holding().ranges())  # (this rank answers no question of its own)
             lost.add_ranges(again.ranges())
         last = recon.records[-1] if recon.records else None
         where = (last.rank, st.hosts[last.rank] if last.rank < len(st.hosts) else "", last.how) if last else (-1, "", "")

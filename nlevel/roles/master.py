@@ -192,7 +192,7 @@ class Master(Server):
 
         ``reconciling``: this new master asks every survivor what it holds, and requeues what
         nobody holds: given-back ids are left to that. Given back to the master that died, which
-        may have handed some out again since, they ran twice when queued here (replan_fuzz seed 666).
+        may have handed some out again since, they ran twice when queued here.
         """
         self.busy_below += report.busy
         if report.done:
@@ -232,7 +232,7 @@ class Master(Server):
         carried = self.carried
         return all(carried.overlap(a, b) == b - a for a, b in ranges)
 
-    def settle(self) -> None:
+    def forget_recorded(self) -> None:
         """Forget queued and carried ids the ledger already records (committed, or failed for good).
 
         An id can become carried after its commit arrived, e.g. a dead region-master's

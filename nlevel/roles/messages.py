@@ -46,7 +46,7 @@ from .records import build, dataclass
 __all__ = [
     "Tag", "Result", "TaskFailure", "TEAM_DEATH", "FailureRecord",
     "Report", "Regroup", "Ack", "Holding", "Mirror", "Drain", "KillRequest", "BoardOp", "BoardReply",
-    "Gone", "Heartbeat", "TimedOut", "Ending", "Release", "Halt", "Safe", "Unsettled", "Message", "MESSAGES", "TAGS", "encode", "decode",
+    "Gone", "Heartbeat", "TimedOut", "Ending", "Release", "Halt", "Safe", "InQuestion", "Message", "MESSAGES", "TAGS", "encode", "decode",
 ]
 
 #: A task's result: one number, or a fixed number of them (the app's result fields).
@@ -72,7 +72,7 @@ class Tag(IntEnum):
     RELEASE = 26
     HALT = 27
     SAFE = 28
-    UNSETTLED = 29
+    IN_QUESTION = 29
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +215,7 @@ class Holding:
 
 
 @dataclass(frozen=True, slots=True)
-class Unsettled:
+class InQuestion:
     """To the master, from a rank that stopped serving (a plan switch) while it reconciled a death:
     the ids still in question. The master asks every survivor what it holds; what nobody holds
     runs again."""
@@ -346,7 +346,7 @@ class Halt:
 
 
 Message = Union[Report, Regroup, Ack, Holding, Mirror, Drain, KillRequest, BoardOp, BoardReply, Gone, Heartbeat,
-                TimedOut, Ending, Release, Halt, Safe, Unsettled]
+                TimedOut, Ending, Release, Halt, Safe, InQuestion]
 
 #: Each wire message class and its MPI tag. (A table, not a class attribute: the simulator's
 #: compiled build makes these classes native, and mypyc takes a class-level default for a field.)
@@ -367,7 +367,7 @@ TAGS: dict[type, Tag] = {
     Release: Tag.RELEASE,
     Halt: Tag.HALT,
     Safe: Tag.SAFE,
-    Unsettled: Tag.UNSETTLED,
+    InQuestion: Tag.IN_QUESTION,
 }
 
 #: Every wire message class.

@@ -175,7 +175,7 @@ class Replanning:
 
         The Regroup came before the news of the death, so the Ack went to the dead; the
         survivor that took over its block (and its children, in its own view) waited for an Ack
-        for ever and never ended (replan_fuzz seeds 1835, 3298: the Ack of an earlier switch).
+        for ever and never ended (the Ack of an earlier switch too, not only the last).
         The hierarchy is kept per switch (a plan's worth each, as ``plans``).
         """
         st = self.st

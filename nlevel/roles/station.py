@@ -51,7 +51,7 @@ from .ledger import Ledger
 from .master import Master
 from .messages import (
     Ack, BoardOp, BoardReply, Drain, Ending, FailureRecord, Gone, Halt, Heartbeat, Holding, KillRequest, Message,
-    Mirror, Regroup, Release, Report, Safe, TimedOut, Unsettled,
+    Mirror, Regroup, Release, Report, Safe, TimedOut, InQuestion,
 )
 from .region import Region
 from .replan import Replanning
@@ -303,8 +303,8 @@ class Station:
             serving = self.server
             outs = self.replanning.regroup(src, msg)
             return outs + self.recovery.hand_over() if self.server is not serving else outs
-        if isinstance(msg, Unsettled):
-            return self.recovery.on_unsettled(msg)
+        if isinstance(msg, InQuestion):
+            return self.recovery.on_in_question(msg)
         if isinstance(msg, Ack):
             return self.replanning.ack(src, msg)
         if isinstance(msg, Report):

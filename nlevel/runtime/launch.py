@@ -401,7 +401,7 @@ def _ranks_of(parent: int, known: dict[int, int]) -> tuple[dict[int, int], dict[
 
     Read from ``/proc``; ``known`` caches pid -> rank across calls. A child without a rank is
     read again next time: between mpiexec's fork and its exec, a rank's ``environ`` is still
-    mpiexec's (no rank), and caching that hid a rank's death for good (soak trial 58 hung).
+    mpiexec's (no rank), and caching that hid a rank's death for good: the job hung.
     """
     alive: dict[int, int] = {}
     stopped: dict[int, int] = {}

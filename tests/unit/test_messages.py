@@ -10,7 +10,7 @@ from nlevel.model.plan import Plan
 from nlevel.roles.messages import (
     MESSAGES, Ack, Message, BoardOp, BoardReply, Drain, Ending, FailureRecord, Gone, Halt, Heartbeat, Holding, KillRequest,
     Mirror,
-    TAGS, Regroup, Release, Safe, Report, Tag, TaskFailure, TimedOut, Unsettled, decode, encode,
+    TAGS, Regroup, Release, Safe, Report, Tag, TaskFailure, TimedOut, InQuestion, decode, encode,
 )
 
 FAILURE = TaskFailure(7, "raised", "ValueError: bad", 3, "h", "Traceback ...", 2)
@@ -36,11 +36,11 @@ SAMPLES = [
     Release(1, (2, 5), {"complete": False}, True, "cannot write checkpoint run.h5: No space left on device", 28),
     Halt(2, "ValueError: result of task 0 must be a number (x), got 'a'"),
     Safe(41),
-    Unsettled(((3, 9), (12, 13))),
+    InQuestion(((3, 9), (12, 13))),
 ]
 DEFAULTS = [Report(), Regroup(0, Plan()), Ack(0), Holding(), Mirror(), Drain(), KillRequest(0), BoardOp(0, "read", 0),
             BoardReply(()), Gone(()), Heartbeat(), TimedOut(0, (), 0.0), Ending((), {}), Release(0),
-            Halt(0, ""), Safe(0), Unsettled(())]
+            Halt(0, ""), Safe(0), InQuestion(())]
 
 
 def kind(msg):

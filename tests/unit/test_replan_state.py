@@ -302,3 +302,42 @@ def test_a_region_master_that_switches_while_it_reconciles_a_death_hands_the_que
     config = Config(levels=0, force_replan="0.3@3x2", chunk=plan.chunk, fault_tolerance="on", report_every=4)
     out = Network(16, plan, 300, seed, config=config).run(kills=kills, max_steps=80_000)
     check(out, 300)
+
+
+def test_the_question_of_a_region_master_that_switches_goes_to_the_master():
+    from nlevel.roles.events import Received, Send
+    from nlevel.roles.messages import InQuestion
+
+    h = build(16, Plan(4, (2, 2)))
+    rm = next(r for r in range(1, 16) if h[r].children and any(h[c].children for c in h[r].children if c != r))
+    dead = next(c for c in h[rm].children if c != rm and h[c].children)
+    st = Station(h, rm, Config(levels=4, regions=(2, 2), fault_tolerance="on"), lambda: 0.0, LocalBoards(), 300)
+    st.server.children[dead].held.add(100, 110)
+    st.fail((dead,), "ulfm")
+    assert st.recovery.recon is not None and st.recovery.recon.expected  # (asked the dead's children)
+    outs = st.handle(Received(0, Regroup(1, Plan(2), ())))
+    assert [(o.dest, o.msg) for o in outs if isinstance(o, Send) and isinstance(o.msg, InQuestion)] == \
+        [(0, InQuestion(((100, 110),)))]
+    assert st.recovery.recon is None
+
+
+def test_the_master_asks_everyone_about_ids_in_question_and_requeues_what_nobody_holds():
+    from nlevel.roles.events import Received, Send
+    from nlevel.roles.messages import Holding, InQuestion
+
+    st = Station(build(4, Plan(2)), 0, Config(levels=2, fault_tolerance="on"), lambda: 0.0, LocalBoards(), 40,
+                 Ledger(40))
+    d = st.server
+    d.queue.remove(0, 40)
+    d.children[2].held.add(5, 10)  # (the sender's earlier answer, say: void now)
+    d.held_total += 5
+    outs = st.handle(Received(3, InQuestion(((5, 10),))))
+    asked = {o.dest: o.msg.token for o in outs if isinstance(o, Send) and isinstance(o.msg, Holding) and o.msg.ask}
+    assert set(asked) == {1, 2, 3} and d.children[2].held.overlap(5, 10) == 0
+    st.handle(Received(1, Holding((), (), token=asked[1], epoch=0)))
+    st.handle(Received(2, Holding(((5, 7),), (), token=asked[2], epoch=0)))
+    assert not d.queue
+    st.handle(Received(3, Holding((), (), token=asked[3], epoch=0)))
+    out = d.queue.copy()
+    out.add_ranges(d.published().ranges())
+    assert out.overlap(5, 7) == 0 and out.overlap(7, 10) == 3
