@@ -296,10 +296,7 @@ class Recovery:
             # (sent under a plan, or to a master, this rank has not caught up with): to the master
             master = st.hierarchy.master
             return [Send(master, msg)] if master != st.rank else []
-        ids = RangeSet(msg.ids)
-        ids.remove_ranges(d.ledger.committed.ranges())
-        for tid in d.ledger.failed:
-            ids.remove(tid, tid + 1)
+        ids = d.unrecorded(RangeSet(msg.ids))
         for out in (d.queue, d.published()):
             ids.remove_ranges(out.ranges())  # (its own: the sender's stock, given back just before)
         if not ids:
@@ -623,10 +620,7 @@ class Recovery:
             # Ids given back to the master that died run again unless an answer to this question
             # holds them (handed out again since; older records, stale after a switch, do not count).
             assert isinstance(d, Master)
-            again, self.given_again = self.given_again, RangeSet()
-            again.remove_ranges(d.ledger.committed.ranges())
-            for tid in d.ledger.failed:
-                again.remove(tid, tid + 1)
+            again, self.given_again = d.unrecorded(self.given_again), RangeSet()
             for answers in (recon.got, recon.got_sent):
                 for held in answers.values():
                     again.remove_ranges(held.ranges())

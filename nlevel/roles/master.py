@@ -205,13 +205,7 @@ class Master(Server):
                 return
             # (given back again after the master's death, an id may have been run and committed
             # meanwhile, or failed for good: an orphan is rare, the ledger's look affordable)
-            back = RangeSet(report.returned)
-            back.remove_ranges(self.ledger.committed.ranges())
-            failed = self.ledger.failed
-            if failed:
-                for tid in [t for a, b in back.ranges() for t in range(a, b) if t in failed]:
-                    back.remove(tid, tid + 1)
-            self.take_back(back.ranges())
+            self.take_back(self.unrecorded(RangeSet(report.returned)).ranges())
 
     def attach(self, child: Child, held: RangeSet) -> None:
         """Record what a Holding says ``child`` holds, minus what the ledger already records.
@@ -239,11 +233,20 @@ class Master(Server):
         hand-offs absorbed by a new master whose ledger came from the deputy's copy; and a new
         master's queue can take ids whose commits it learns only from the checkpoint file.
         """
-        committed = self.ledger.committed.ranges()
-        for ids in (self.carried, self.queue):
-            ids.remove_ranges(committed)
-            for tid in self.ledger.failed:
+        self.unrecorded(self.carried)
+        self.unrecorded(self.queue)
+
+    def unrecorded(self, ids: RangeSet) -> RangeSet:
+        """Take out of ``ids`` (in place) what the ledger records: committed, or failed for good; return it."""
+        ids.remove_ranges(self.ledger.committed.ranges())
+        failed = self.ledger.failed
+        if failed:
+            # (one look per id of the smaller side: a failed set of thousands against a few ids given back)
+            inside = [t for t in failed if ids.overlap(t, t + 1)] if len(failed) <= len(ids) else \
+                [t for a, b in ids.ranges() for t in range(a, b) if t in failed]
+            for tid in inside:
                 ids.remove(tid, tid + 1)
+        return ids
 
     @property
     def exhausted(self) -> bool:
