@@ -24,7 +24,8 @@ and fail when one dies during them):
   statistics: it writes the last checkpoint and calls :meth:`Closing.release`, which tells
   the deputy first (with the report's facts) and then every rank, the deputy last. Some
   releases wait for the master's last work (its report), sent by :meth:`Closing.release_deputy`:
-  the deputy's under fault tolerance, everyone's when a rank was given up without it. A
+  the deputy's under fault tolerance (the runtime sends it at once when that work leaves nothing
+  on disk: no checkpoint, no report file), everyone's when a rank was given up without it. A
   deputy told that the master was releasing, whose master then dies, releases the others itself.
 
 A rank's loop runs until it is released (:attr:`Closing.released`).
