@@ -1,7 +1,7 @@
 """Soak test of fault tolerance: randomized deaths, the promise checked from outside.
 
     python bench/soak.py [--trials 100] [--seed 0] [--ft ulfm|none] [--phases start,middle,end] [--quick]
-                         [--out bench/results/soak.json]
+                         [--any-roles] [--out bench/results/soak.json]
 
 Each trial launches ``tests/apps/dying_app.py`` under ``nlevel-mpiexec [--with-ft ulfm]``
 with a random plan (2 or 3 levels, 6-8 processes) and one kind of death:
@@ -10,6 +10,8 @@ with a random plan (2 or 3 levels, 6-8 processes) and one kind of death:
   elected successor), 1-3 victims, with SIGKILL, SIGSTOP or SIGSEGV
   (:mod:`nlevel.testing.inject`), at a random instant: right after start (every rank up,
   nothing committed yet), in the middle, or near the end (90-98 % committed);
+* with ``--any-roles``: two or three victims, each of any role (the master, its deputy, a
+  region-master, a slave: whoever the draw finds alive), KILL, STOP (two at most) or SEGV;
 * from inside, by a task: ``os._exit(3)`` (``exit``) or a task that never returns
   (``hang``, with ``--task-timeout`` 1 s, or past the longest task of the ``heavy`` workload), on a random id (low ids die at start, high ones
   near the end); the task dies only the first time it runs.
@@ -77,8 +79,10 @@ AFTER_END_MS = 100.0
 
 
 def draw(rng: random.Random, n: int, fixed: tuple[int, int, str, str, str] | None = None,
-         phases: tuple[str, ...] = PHASES) -> dict[str, Any]:
-    """One random trial (or the ``fixed`` one of ``--quick``): plan, kind of death, victims, instant."""
+         phases: tuple[str, ...] = PHASES, any_roles: bool = False) -> dict[str, Any]:
+    """One random trial (or the ``fixed`` one of ``--quick``): plan, kind of death, victims, instant.
+
+    ``any_roles``: two or three victims of any role each (the master among them or not), from outside."""
     size = rng.randint(6, 8)
     levels = rng.choice((2, 3))
     kind = rng.choice(KINDS)
@@ -106,6 +110,13 @@ def draw(rng: random.Random, n: int, fixed: tuple[int, int, str, str, str] | Non
     # (drawn last: the draws above, and so earlier soaks' trials, stay as they were)
     workload = rng.choice(WORKLOADS) if fixed is None else "uniform"
     long = {rng.randrange(n): round(rng.uniform(3.0, 6.0), 2) for _ in range(3)} if workload == "heavy" else {}
+    if any_roles:
+        # Deaths of different roles in one job: each victim is drawn among every live rank, given
+        # the earlier ones are dead. Stopped, at most two: the master, its deputy and the next rank
+        # hung together is a known limit (docs/fault-tolerance.md), not what this looks for.
+        kind = ("KILL", "STOP", "SEGV")[rng.randrange(3)]
+        role, then, task = "any", None, None
+        count = min(rng.randint(2, 3), 2 if kind == "STOP" else 3, size - 3)
     return {
         "workload": workload, "long": long,
         "size": size, "levels": levels, "regions": list(regions), "role": role, "count": count,
@@ -303,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="4 fixed short trials (600 tasks of 20 ms, 6 processes, one per kind of death but exit)")
     p.add_argument("--markdown", metavar="FILE", help="also write the Markdown table here")
+    p.add_argument("--any-roles", action="store_true",
+                   help="every trial: 2-3 victims of any role each, killed, stopped or segfaulted from outside")
     p.add_argument("--phases", default=",".join(PHASES),
                    help="instants of death to draw from, comma-separated [default start,middle,end]")
     return p
@@ -317,14 +330,15 @@ def main() -> None:
     if args.quick:
         args.trials, args.n, args.sleep_ms, args.timeout = len(QUICK), 600, 20.0, min(args.timeout, 60.0)
     if args.out is None:
-        args.out = os.path.join(ROOT, "bench", "results", f"soak-{'quick' if args.quick else args.trials}.json")
+        name = "quick" if args.quick else f"{'any-' if args.any_roles else ''}{args.trials}"
+        args.out = os.path.join(ROOT, "bench", "results", f"soak-{name}.json")
     rng = random.Random(args.seed)
     base = tempfile.mkdtemp(prefix="nlevel-soak-")
     trials = []
     t0 = time.time()
     replay = {int(x) for x in args.replay.split(",") if x.strip()} if args.replay else set()
     for k in range(max(replay) if replay else args.trials):
-        t = draw(rng, args.n, QUICK[k] if args.quick else None, phases)
+        t = draw(rng, args.n, QUICK[k] if args.quick else None, phases, any_roles=args.any_roles)
         if replay and k + 1 not in replay:
             continue  # (drawn all the same: the trials after it stay as they were)
         r = trial(k, t, args, base)
