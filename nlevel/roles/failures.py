@@ -283,10 +283,11 @@ class Recovery:
         ids = recon.held.copy()
         if st.worker is not None:
             ids.remove_ranges(st.worker.holding().ranges())
-        wall = st.wall()
-        for record in recon.records:  # (what runs again is the master's to count now)
-            self.failures.append(record.closed(0, (), wall, since=recon.last_death))
-        return [Send(st.hierarchy.master, InQuestion(ids.ranges()))] if ids else []
+        if not ids:  # (nothing left in question: nothing runs again)
+            self._close(recon.records, 0, (), recon.last_death)
+            return []
+        # The deaths' records go with the ids: what runs again is counted where it is requeued.
+        return [Send(st.hierarchy.master, InQuestion(ids.ranges(), tuple(recon.records)))]
 
     def on_in_question(self, msg: InQuestion) -> list[Effect]:
         """The master: ids a rank that stopped serving could not settle (see :meth:`hand_over`): ask everyone."""
@@ -300,6 +301,7 @@ class Recovery:
         for out in (d.queue, d.published()):
             ids.remove_ranges(out.ranges())  # (its own: the sender's stock, given back just before)
         if not ids:
+            self._close(msg.records, 0, (), 0.0)
             return []
         # Whatever records say of them (the sender's earlier answers, carried over at a switch)
         # is void: fresh answers from everyone say who holds them.
@@ -312,6 +314,7 @@ class Recovery:
             d.carried.add_ranges(ids.ranges())  # (out under an earlier plan: a later death questions them too)
         d.reconciling = True
         ask = self.recon.add_dead(ids, set(range(st.size)) - st.failed - {st.rank}, None)
+        self.recon.records.extend(msg.records)
         return self._ask(self.recon, ask) + self._finish_recon() + st.serve()
 
     def left_the_loop(self) -> bool:
@@ -654,13 +657,19 @@ class Recovery:
         n0, q0 = d.requeue_lost(judged, *where, count=False, judge=True) if judged else (0, [])
         n, quarantined = d.requeue_lost(lost, *where, count=not recon.everything, in_flight=False)
         n, quarantined = n + n0, q0 + quarantined
-        wall = st.wall()
-        for record in recon.records:
-            self.failures.append(record.closed(n, tuple(quarantined), wall, since=recon.last_death))
-            n, quarantined = 0, []  # counted once, on the first record
+        self._close(recon.records, n, tuple(quarantined), recon.last_death)
         self.recon = None
         d.reconciling = False
         return st.serve()
+
+    def _close(self, records: list[FailureRecord] | tuple[FailureRecord, ...], requeued: int,
+               quarantined: tuple[int, ...], since: float) -> None:
+        """A reconciliation is over: its deaths' records, closed now (what it requeued and quarantined
+        counted once, on the first)."""
+        wall = self.st.wall()
+        for record in records:
+            self.failures.append(record.closed(requeued, quarantined, wall, since=since))
+            requeued, quarantined = 0, ()
 
     def _mirror_full(self, dep: int | None) -> list[Effect]:
         """The master: (re)start the deputy's copy with the whole ledger."""

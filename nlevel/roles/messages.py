@@ -217,10 +217,12 @@ class Holding:
 @dataclass(frozen=True, slots=True)
 class InQuestion:
     """To the master, from a rank that stopped serving (a plan switch) while it reconciled a death:
-    the ids still in question. The master asks every survivor what it holds; what nobody holds
-    runs again."""
+    the ids still in question, and the records of the deaths they came from (still open). The
+    master asks every survivor what it holds; what nobody holds runs again, counted in those
+    records when the master closes them."""
 
     ids: Ranges
+    records: tuple[FailureRecord, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ SAMPLES = [
     Release(1, (2, 5), {"complete": False}, True, "cannot write checkpoint run.h5: No space left on device", 28),
     Halt(2, "ValueError: result of task 0 must be a number (x), got 'a'"),
     Safe(41),
-    InQuestion(((3, 9), (12, 13))),
+    InQuestion(((3, 9), (12, 13)), (RECORD,)),
 ]
 DEFAULTS = [Report(), Regroup(0, Plan()), Ack(0), Holding(), Mirror(), Drain(), KillRequest(0), BoardOp(0, "read", 0),
             BoardReply(()), Gone(()), Heartbeat(), TimedOut(0, (), 0.0), Ending((), {}), Release(0),

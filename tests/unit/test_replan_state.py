@@ -316,14 +316,16 @@ def test_the_question_of_a_region_master_that_switches_goes_to_the_master():
     st.fail((dead,), "ulfm")
     assert st.recovery.recon is not None and st.recovery.recon.expected  # (asked the dead's children)
     outs = st.handle(Received(0, Regroup(1, Plan(2), ())))
-    assert [(o.dest, o.msg) for o in outs if isinstance(o, Send) and isinstance(o.msg, InQuestion)] == \
-        [(0, InQuestion(((100, 110),)))]
-    assert st.recovery.recon is None
+    [(dest, msg)] = [(o.dest, o.msg) for o in outs if isinstance(o, Send) and isinstance(o.msg, InQuestion)]
+    assert dest == 0 and msg.ids == ((100, 110),)
+    # The death's record goes with the ids, still open: the master counts what runs again in it.
+    assert [(r.rank, r.held, r.recovered_at) for r in msg.records] == [(dead, 10, None)]
+    assert st.recovery.recon is None and not st.recovery.failures
 
 
 def test_the_master_asks_everyone_about_ids_in_question_and_requeues_what_nobody_holds():
     from nlevel.roles.events import Received, Send
-    from nlevel.roles.messages import Holding, InQuestion
+    from nlevel.roles.messages import FailureRecord, Holding, InQuestion
 
     st = Station(build(4, Plan(2)), 0, Config(levels=2, fault_tolerance="on"), lambda: 0.0, LocalBoards(), 40,
                  Ledger(40))
@@ -331,7 +333,8 @@ def test_the_master_asks_everyone_about_ids_in_question_and_requeues_what_nobody
     d.queue.remove(0, 40)
     d.children[2].held.add(5, 10)  # (the sender's earlier answer, say: void now)
     d.held_total += 5
-    outs = st.handle(Received(3, InQuestion(((5, 10),))))
+    record = FailureRecord(9, "region-master", 1, "ulfm", 3, 0.0, 5)
+    outs = st.handle(Received(3, InQuestion(((5, 10),), (record,))))
     asked = {o.dest: o.msg.token for o in outs if isinstance(o, Send) and isinstance(o.msg, Holding) and o.msg.ask}
     assert set(asked) == {1, 2, 3} and d.children[2].held.overlap(5, 10) == 0
     st.handle(Received(1, Holding((), (), token=asked[1], epoch=0)))
@@ -341,3 +344,5 @@ def test_the_master_asks_everyone_about_ids_in_question_and_requeues_what_nobody
     out = d.queue.copy()
     out.add_ranges(d.published().ranges())
     assert out.overlap(5, 7) == 0 and out.overlap(7, 10) == 3
+    # The death's record came with the question: closed here, with what ran again.
+    assert [(f.rank, f.held, f.requeued) for f in st.recovery.failures] == [(9, 5, 3)]
