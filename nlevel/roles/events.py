@@ -133,12 +133,14 @@ class ReleaseJob:
     """The master ends the job for everyone (every live rank has ended: see ``Station.all_ended``):
     ``code`` is the status every process ends with, ``report`` the facts its deputy needs should the
     master die now, ``error`` the checkpoint's write error (its text and ``errno``) for every rank to
-    raise alike."""
+    raise alike. ``last_work``: some of the master's last work outlives it (a checkpoint's lock and
+    status file, a report file): under fault tolerance its deputy watches it until :class:`ReportDone`."""
 
     code: int
     report: dict[str, Any] | None = None
     error: str = ""
     errno: int = 0
+    last_work: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,7 +181,7 @@ class Station:
             return self.recovery.loaded(event)
         if kind is ReleaseJob:
             assert isinstance(event, ReleaseJob)
-            return self.closing.release(event.code, event.report, event.error, event.errno)
+            return self.closing.release(event.code, event.report, event.error, event.errno, event.last_work)
         if kind is ReportDone:
             return self.closing.release_deputy()
         if kind is Served:

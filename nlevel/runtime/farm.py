@@ -310,6 +310,7 @@ class FarmRuntime:
         self.port = MpiPort(t, cfg, path, meta, self.writer, self.width)
         self.port.lock, self.port.lock_token = self.lock, lock_token
         self.port.ended_here = self._ended_here
+        self.port.last_work = lambda: path is not None or self.hold_deputy  # (a lock and status file, a report file)
         self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval,
                          timer=time.perf_counter)
         # (the pulse does MPI from its own thread: without MPI_THREAD_MULTIPLE a rank beats only
@@ -589,12 +590,6 @@ class FarmRuntime:
         """
         if self.loop.release():
             self._released_all, self._closing, self.released_at = True, self.port.checkpoint_error, time.time()
-            if self.checkpoint is None and not self.hold_deputy:
-                # No lock, status file or report file to finish: nothing of the master's last work
-                # outlives its process, so the deputy has nothing to take over should the master die
-                # now, and its release does not wait for an in-memory report (a job's end: measured
-                # at 4 ranks under ULFM, the deputy returned 1-8 ms after the others).
-                self.loop.report_done()
 
     def _report(self, rows: list[dict[str, Any]], totals: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
         st = self.station

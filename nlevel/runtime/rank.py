@@ -95,6 +95,8 @@ class MpiPort:
         #: Called with the job's status when this process ends the job itself (see :meth:`retire`),
         #: before it exits: the farm's report, for the caller that writes it to a file.
         self.ended_here: Callable[[int], None] | None = None
+        #: Whether some of the master's work after the release outlives it (see ReleaseJob.last_work).
+        self.last_work: Callable[[], bool] = lambda: True
         #: Where :meth:`log` writes (None: ``sys.stderr``; with ``--task-output``, the job's own
         #: stderr, so that nlevel's lines stay out of the task's file).
         self.stream: Any = None
@@ -271,7 +273,7 @@ class MpiPort:
         code = ledger_status(ledger, stopped=stopped, error=error is not None or erred)
         return ReleaseJob(code, {"complete": ledger.complete(), "failed": failed},
                           (getattr(error, "problem", None) or str(error)) if error is not None else "",
-                          getattr(error, "errno", None) or 0)
+                          getattr(error, "errno", None) or 0, self.last_work())
 
     def given_up_end(self, code: int, given_up: tuple[int, ...]) -> None:
         from .startwatch import mark_end

@@ -50,6 +50,18 @@ def test_otherwise_only_the_deputy_waits_and_only_under_fault_tolerance(ft, fail
     assert released(st.closing.release_deputy()) == held
 
 
+@pytest.mark.parametrize("failed,now,held", [
+    (frozenset(), [(1, True), (5, False), (4, False), (3, False), (2, False), (1, False)], []),
+    (frozenset({3}), [(1, True), (5, False), (4, False), (2, False)], [(1, False)]),
+])
+def test_under_fault_tolerance_the_deputy_waits_only_for_last_work_that_outlives_the_master(failed, now, held):
+    """No checkpoint and no report file: nothing for the deputy to take over, it is released with
+    everyone. After a death it still waits (a rank given up: the launcher is told first)."""
+    st = master("on", failed)
+    assert released(st.closing.release(0, {}, last_work=False)) == now
+    assert released(st.closing.release_deputy()) == held
+
+
 class _Recording:
     """The part of a port the end uses, recording what it is asked in order."""
 
