@@ -21,7 +21,9 @@ a child of the master that counts it as gone), as it does after a death in that 
 
 from __future__ import annotations
 
-from ..model.hierarchy import Hierarchy, build
+from typing import NamedTuple
+
+from ..model.hierarchy import build
 from ..model.plan import Plan
 from ..ranges import RangeSet
 from .board import CLOSED
@@ -35,6 +37,16 @@ from .region import Region
 __all__ = ["Replanning"]
 
 
+class _Acked(NamedTuple):
+    """One switch this rank acknowledged: to whom, and what lays the plan before it out again
+    (a plan, not its built hierarchy: a Hierarchy is a node per rank, kept per switch)."""
+
+    parent: int
+    plan: Plan
+    out: frozenset[int]
+    node_sizes: tuple[int, ...]
+
+
 class Replanning:
     """Plan changes on one rank: the master's switch, everyone's regroup, old children's acknowledgements."""
 
@@ -43,9 +55,9 @@ class Replanning:
         self.delivery = delivery
         self.unacked: dict[int, set[int]] = {}  # epoch -> old children not yet acknowledged
         self.future: list[tuple[int, Message]] = []  # messages from a newer epoch than ours
-        # epoch -> (old parent, the hierarchy before the switch) of this rank's Acks: should that
-        # parent turn out dead, the rank that took its place in the old plan waits for the Ack
-        self.acked: dict[int, tuple[int, Hierarchy]] = {}
+        # epoch -> this rank's Ack of that switch: should its old parent turn out dead, the rank
+        # that took its place in the old plan waits for the Ack
+        self.acked: dict[int, _Acked] = {}
 
     def forget(self, dead: frozenset[int]) -> None:
         """``dead`` died: they will never acknowledge a regroup."""
@@ -163,7 +175,7 @@ class Replanning:
         st.lay_out(build(st.size, msg.plan, st.failed, frozenset(msg.out), st.hierarchy.node_sizes))
         if old_parent is not None and old_parent not in st.failed:
             outs.append(Send(old_parent, Ack(msg.epoch)))
-            self.acked[msg.epoch] = (old_parent, before)
+            self.acked[msg.epoch] = _Acked(old_parent, before.plan, before.out, before.node_sizes)
         future, self.future = self.future, []
         for src, m in future:
             outs += st.receive(src, m)
@@ -176,18 +188,18 @@ class Replanning:
         The Regroup came before the news of the death, so the Ack went to the dead; the
         survivor that took over its block (and its children, in its own view) waited for an Ack
         for ever and never ended (the Ack of an earlier switch too, not only the last).
-        The hierarchy is kept per switch (a plan's worth each, as ``plans``).
+        A plan is kept per switch (as ``plans``), and the layout before it is built again here.
         """
         st = self.st
         outs: list[Effect] = []
-        for epoch, (parent, before) in sorted(self.acked.items()):
-            if parent not in dead:
+        for epoch, acked in sorted(self.acked.items()):
+            if acked.parent not in dead:
                 continue
-            heir = build(st.size, before.plan, st.failed, before.out, before.node_sizes)[st.rank].parent
+            heir = build(st.size, acked.plan, st.failed, acked.out, acked.node_sizes)[st.rank].parent
             if heir is None or heir in st.failed or heir == st.rank:
                 del self.acked[epoch]
                 continue
-            self.acked[epoch] = (heir, before)
+            self.acked[epoch] = acked._replace(parent=heir)
             outs.append(Send(heir, Ack(epoch)))
         return outs
 
