@@ -199,11 +199,12 @@ class RequestTimes:
 
     __slots__ = PARTS
 
-    def __init__(self) -> None:
-        self.total = Summary()
-        self.message = Summary()
-        self.wait = Summary()
-        self.dispose = Summary()
+    def __init__(self, quantiles: bool = True) -> None:
+        """``quantiles``: keep a sketch of each part (False: moments only, for huge simulated runs)."""
+        self.total = Summary(quantiles)
+        self.message = Summary(quantiles)
+        self.wait = Summary(quantiles)
+        self.dispose = Summary(quantiles)
 
     def add(self, total: float, residence: float, dispose: float) -> None:
         """Record one request from its measured total and the parent's residence and dispose times."""
