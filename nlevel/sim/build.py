@@ -4,8 +4,9 @@
 (:mod:`nlevel.roles`), the id ranges and the statistics: the same code the MPI runtime
 runs, called millions of times. Compiled with `mypyc <https://mypyc.readthedocs.io>`_
 (part of mypy; it turns type-annotated Python into a C extension) the same source
-runs about three times as fast: a 32,768-process, 100-tasks-per-process classic run
-takes 74 s of one core instead of 245 s, under the two minutes it must stay within.
+runs several times as fast (on 2026-11-22 a 32,768-process, 100-tasks-per-process classic
+run took 74 s of one core instead of 245 s; what such runs take now, and what made them
+slower since, is in ``bench/results/sim_speed.txt``).
 
 The build is not a second implementation: it is the package's own files, copied into a
 cache directory and compiled there, with one change: their frozen dataclasses are
