@@ -154,6 +154,7 @@ def build() -> Path:
         try:
             shutil.copytree(_PACKAGE, work / "nlevel", ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"))
             for m in COMPILED:
+                _plain_records(work / "nlevel" / m)
                 _thaw(work / "nlevel" / m)
                 _add_inits(work / "nlevel" / m)
             # mypyc type-checks what the compiled modules import, down to the runtime's h5py and
@@ -174,6 +175,26 @@ def build() -> Path:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+_RECORDS_IMPORT = "from .records import build, dataclass\n"
+_RECORDS_BUILD = re.compile(r"^build\(__name__\).*\n", re.MULTILINE)
+
+
+def _plain_records(path: Path) -> None:
+    """Make ``path``'s records with :func:`dataclasses.dataclass` itself, not :mod:`~nlevel.roles.records`.
+
+    mypyc compiles a class as a native one (its fields in C slots, its methods called
+    directly) only when it knows its decorator; a class made by any other function is
+    compiled as a plain Python class, every attribute read a dictionary lookup. The messages
+    and the events, made by ``records.dataclass`` for a cheap ``import nlevel`` (ea8107c),
+    were so compiled: 32,768 processes x 20 tasks took 62 s instead of 56
+    (``bench/results/sim_speed.txt``). The import's cost does not matter to a simulation.
+    """
+    text = path.read_text()
+    if _RECORDS_IMPORT not in text:
+        return
+    path.write_text(_RECORDS_BUILD.sub("", text.replace(_RECORDS_IMPORT, "from dataclasses import dataclass\n")))
 
 
 _FROZEN = re.compile(r"@dataclass\(frozen=True(, slots=True)?\)")

@@ -61,6 +61,12 @@ sys.path.insert(0, sys.argv[1])
 from nlevel import ranges
 from nlevel.sim import heap as events
 assert ranges._NATIVE and ranges.__file__.endswith('.so'), ranges.__file__
+import dataclasses
+from nlevel.roles import events as roles_events, messages
+# (a class mypyc compiles as native has its fields in C slots; any other is a dict per read)
+plain = [c.__name__ for m in (messages, roles_events) for c in vars(m).values()
+         if dataclasses.is_dataclass(c) and c.__module__ == m.__name__ and "__mypyc_attrs__" not in vars(c)]
+assert not plain, plain
 rng = random.Random(7)
 for _ in range(20000):
     xs = sorted(rng.sample(range(400), rng.choice([0, 1, 5, 16, 17, 18, 40, 300])))
@@ -144,6 +150,19 @@ def test_the_build_compiles_frozen_dataclasses_as_plain_hashable_ones(tmp_path: 
     assert src.read_text() == ("@dataclass(slots=True, unsafe_hash=True)\nclass A:\n    x: int\n\n\n"
                                "@dataclass(unsafe_hash=True)\nclass B:\n    y: int\n\n\n@dataclass(slots=True)\nclass C:\n    z: int\n")
     assert "@dataclass(frozen=True" in (Path(sim_build.__file__).parent.parent / "roles" / "events.py").read_text()
+
+
+def test_the_build_makes_the_records_with_dataclass_itself(tmp_path: Path) -> None:
+    # (mypyc compiles a class as a native one only under a decorator it knows)
+    src = tmp_path / "m.py"
+    src.write_text("from .records import build, dataclass\n\n\n@dataclass(frozen=True, slots=True)\nclass A:\n"
+                   "    x: int\n\n\nbuild(__name__)  # (a comment)\n")
+    sim_build._plain_records(src)
+    assert src.read_text() == ("from dataclasses import dataclass\n\n\n@dataclass(frozen=True, slots=True)\nclass A:\n"
+                               "    x: int\n\n\n")
+    for module in ("messages", "events"):  # (what the build rewrites is what the package has)
+        text = (Path(sim_build.__file__).parent.parent / "roles" / f"{module}.py").read_text()
+        assert sim_build._RECORDS_IMPORT in text and sim_build._RECORDS_BUILD.search(text)
 
 
 def test_the_build_writes_out_the_init_of_plain_dataclasses(tmp_path: Path) -> None:
