@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -141,27 +142,34 @@ def test_small_runs_do_not_build(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("sim-*"))
 
 
+def rewritten(tmp_path: Path, rewrite: Callable[[Path], None], text: str) -> str:
+    """``text`` after one of the build's rewrites of a module's source."""
+    src = tmp_path / "m.py"
+    src.write_text(text)
+    rewrite(src)
+    return src.read_text()
+
+
+def package_source(module: str) -> str:
+    return (Path(sim_build.__file__).parent.parent / "roles" / f"{module}.py").read_text()
+
+
 def test_the_build_compiles_frozen_dataclasses_as_plain_hashable_ones(tmp_path: Path) -> None:
     # (a frozen dataclass's __init__ goes through object.__setattr__, interpreted even when compiled)
-    src = tmp_path / "m.py"
-    src.write_text("@dataclass(frozen=True, slots=True)\nclass A:\n    x: int\n\n\n"
-                   "@dataclass(frozen=True)\nclass B:\n    y: int\n\n\n@dataclass(slots=True)\nclass C:\n    z: int\n")
-    sim_build._thaw(src)
-    assert src.read_text() == ("@dataclass(slots=True, unsafe_hash=True)\nclass A:\n    x: int\n\n\n"
-                               "@dataclass(unsafe_hash=True)\nclass B:\n    y: int\n\n\n@dataclass(slots=True)\nclass C:\n    z: int\n")
-    assert "@dataclass(frozen=True" in (Path(sim_build.__file__).parent.parent / "roles" / "events.py").read_text()
+    out = rewritten(tmp_path, sim_build._thaw, "@dataclass(frozen=True, slots=True)\nclass A:\n    x: int\n\n\n"
+                    "@dataclass(frozen=True)\nclass B:\n    y: int\n\n\n@dataclass(slots=True)\nclass C:\n    z: int\n")
+    assert out == ("@dataclass(slots=True, unsafe_hash=True)\nclass A:\n    x: int\n\n\n"
+                   "@dataclass(unsafe_hash=True)\nclass B:\n    y: int\n\n\n@dataclass(slots=True)\nclass C:\n    z: int\n")
+    assert "@dataclass(frozen=True" in package_source("events")
 
 
 def test_the_build_makes_the_records_with_dataclass_itself(tmp_path: Path) -> None:
     # (mypyc compiles a class as a native one only under a decorator it knows)
-    src = tmp_path / "m.py"
-    src.write_text("from .records import build, dataclass\n\n\n@dataclass(frozen=True, slots=True)\nclass A:\n"
-                   "    x: int\n\n\nbuild(__name__)  # (a comment)\n")
-    sim_build._plain_records(src)
-    assert src.read_text() == ("from dataclasses import dataclass\n\n\n@dataclass(frozen=True, slots=True)\nclass A:\n"
-                               "    x: int\n\n\n")
+    out = rewritten(tmp_path, sim_build._plain_records, "from .records import build, dataclass\n\n\n"
+                    "@dataclass(frozen=True, slots=True)\nclass A:\n    x: int\n\n\nbuild(__name__)  # (a comment)\n")
+    assert out == "from dataclasses import dataclass\n\n\n@dataclass(frozen=True, slots=True)\nclass A:\n    x: int\n\n\n"
     for module in ("messages", "events"):  # (what the build rewrites is what the package has)
-        text = (Path(sim_build.__file__).parent.parent / "roles" / f"{module}.py").read_text()
+        text = package_source(module)
         assert sim_build._RECORDS_IMPORT in text and sim_build._RECORDS_BUILD.search(text)
 
 
