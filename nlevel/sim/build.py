@@ -9,8 +9,10 @@ run took 74 s of one core instead of 245 s; what such runs take now, and what ma
 slower since, is in ``bench/results/sim_speed.txt``).
 
 The build is not a second implementation: it is the package's own files, copied into a
-cache directory and compiled there, with one change: their frozen dataclasses are
-compiled as plain ones (see :func:`_thaw`). Compiled code also holds to its declared
+cache directory and compiled there, with changes to how their dataclasses are made, not to
+what they do: the messages and events are made by :func:`dataclasses.dataclass` itself (see
+:func:`_plain_records`), frozen dataclasses are compiled as plain ones (:func:`_thaw`), and
+their ``__init__`` is written out (:func:`_add_inits`). Compiled code also holds to its declared
 types: an ``int`` given for a ``float`` becomes a float, a ``bool`` for an ``int`` an int,
 and a numpy integer is refused with a TypeError. Only the command line's child process
 runs the build, with the values its parser made; ``model/plan.py`` stays interpreted all
