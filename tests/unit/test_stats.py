@@ -3,7 +3,7 @@ import statistics
 
 import pytest
 
-from nlevel.stats import ACCURACY, RequestTimes, Summary
+from nlevel.stats import ACCURACY, PARTS, RequestTimes, Summary
 
 
 def test_merged_summaries_equal_the_whole():
@@ -56,6 +56,17 @@ def test_a_batch_timed_together_counts_as_equal_values():
     assert s.n == 1001 and s.hi == 40.0
     assert s.quantile(0.5) == pytest.approx(0.002, rel=ACCURACY)
     assert s.quantile(1.0) == 40.0
+
+
+def test_request_times_without_quantiles_keep_moments_only_even_when_merging_sketched_ones():
+    # (the simulator's: a sketch's add is interpreted Python, four per simulated claim)
+    rt, sketched = RequestTimes(quantiles=False), RequestTimes()
+    rt.add_parts(total=1.0, message=0.4, dispose=0.1)
+    sketched.add_parts(total=3.0, message=0.4, dispose=0.1)
+    rt.merge(sketched)
+    assert all(getattr(rt, name).sketch is None for name in PARTS)
+    d = rt.to_dict()
+    assert d["total"]["mean"] == pytest.approx(2000.0) and d["wait"]["mean"] == pytest.approx(1500.0)
 
 
 def test_a_summary_without_quantiles_keeps_no_sketch():
