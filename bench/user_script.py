@@ -90,7 +90,8 @@ if comm.rank == 0:
 #: its last call. Run time per thread from /proc/.../schedstat (nanoseconds: /proc's stat counts
 #: 10 ms ticks), its voluntary (it waited) and involuntary (it was preempted) context switches. A
 #: Python thread that ends before the last call (nlevel's server thread and pulse are joined by the
-#: last call) is read as it ends; the other threads are MPI's own (Open MPI's progress, PMIx).
+#: last call; they are ``nlevel.runtime.rank.RunnerThread``s, not ``threading.Thread``s) is read
+#: as it ends; the other threads are MPI's own (Open MPI's progress, PMIx).
 _CPU_ON = """\
 import threading
 def _task(tid):
@@ -108,16 +109,28 @@ def _snap():
             pass
     return out
 _ended = {}
-_run = threading.Thread.run
-def _measured_run(self):
+def _record(name):
     try:
-        _run(self)
-    finally:
+        _ended[threading.get_native_id()] = (name, _task(threading.get_native_id()))
+    except OSError:
+        pass
+def _measured_run(run):
+    def measured_run(self):
         try:
-            _ended[self.native_id] = (self.name, _task(self.native_id))
-        except OSError:
-            pass
-threading.Thread.run = _measured_run
+            run(self)
+        finally:
+            _record(self.name)
+    return measured_run
+threading.Thread.run = _measured_run(threading.Thread.run)
+def _measured_init(init):  # (a RunnerThread: read inside its target, before it counts as ended)
+    def measured_init(self, target, name):
+        def body():
+            try:
+                target()
+            finally:
+                _record(name)
+        init(self, body, name)
+    return measured_init
 _at = {}
 def MARK():
     _at.update(_snap())
@@ -137,6 +150,10 @@ def CPU():
 _BODY = {
     NLEVEL: """\
 import nlevel
+if CPU:  # (nlevel's runner threads are not threading's: read them as they end too)
+    _rt = getattr(sys.modules.get("nlevel.runtime.rank"), "RunnerThread", None)
+    if _rt is not None:
+        _rt.__init__ = _measured_init(_rt.__init__)
 imported = clock()
 MARK()
 busy, n, calls, done = 0.0, 0, 0.0, clock()

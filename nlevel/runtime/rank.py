@@ -25,6 +25,7 @@ One lock guards the station: the user's loop takes it once per range, not per id
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 import threading
@@ -48,7 +49,7 @@ from .backoff import Backoff
 if TYPE_CHECKING:  # (imported where a checkpoint is written or read: numpy and h5py come with it)
     from . import checkpoint as ckpt
 
-__all__ = ["MpiPort", "Runner", "clock", "prepare_takeover"]
+__all__ = ["MpiPort", "Runner", "RunnerThread", "clock", "prepare_takeover"]
 
 clock = time.perf_counter
 
@@ -311,6 +312,57 @@ PULSE_TICK = WATCH_PERIOD
 WAIT_FRACTION = 1 / 16
 
 
+class RunnerThread:
+    """A daemon thread of the runner (its server thread or its pulse), started without waiting for it to run.
+
+    ``threading.Thread.start`` blocks until the new thread has run: on an oversubscribed node the
+    scheduler gives a new thread its first slice after the others', and every rank paid 0.3-1.8 ms
+    of its first call for it (4 ranks under ULFM on 2 cores, each starting one thread). This one
+    is started with the low-level ``_thread.start_new_thread`` (documented) and has what the
+    runner uses of a Thread. It is alive from :meth:`start` on (the runner must never take a
+    thread that has not run yet for one that has ended). Unlike a ``threading.Thread`` it is not
+    in ``threading.enumerate()`` and ``threading.settrace`` does not reach it: it runs nlevel's
+    loop only, never the user's code.
+
+    Args:
+        target: What the thread runs (it catches its own exceptions: an escaping one is printed).
+        name: The thread's name (what it is, for people and tools reading ``name``).
+    """
+
+    __slots__ = ("name", "ident", "native_id", "_target", "_ended")
+
+    def __init__(self, target: Callable[[], None], name: str) -> None:
+        self.name = name
+        self.ident: int | None = None  # (set by the thread itself, first thing)
+        self.native_id: int | None = None
+        self._target = target
+        self._ended = threading.Event()
+
+    def start(self) -> None:
+        """Start the thread and return at once."""
+        _thread.start_new_thread(self.run, ())
+
+    def run(self) -> None:
+        """The thread's body: ``target()``, then it counts as ended."""
+        self.ident, self.native_id = threading.get_ident(), threading.get_native_id()
+        try:
+            self._target()
+        finally:
+            self._ended.set()
+
+    def is_alive(self) -> bool:
+        """Whether the thread was started and has not ended."""
+        return not self._ended.is_set()
+
+    def is_current(self) -> bool:
+        """Whether the caller runs in this thread."""
+        return self.ident == threading.get_ident()
+
+    def join(self) -> None:
+        """Wait until the thread has ended."""
+        self._ended.wait()
+
+
 class Runner:
     """Runs one rank's loop: in a server thread, in the main thread, or while the user's loop waits.
 
@@ -335,7 +387,7 @@ class Runner:
         self.lock = threading.Lock()
         self.error: BaseException | None = None
         self.period_max = config.poll_max if two_sided else max(config.poll_max, config.server_period)
-        self._thread: threading.Thread | None = None
+        self._thread: RunnerThread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()  # cuts a server thread's sleep short (the end, a stop)
         self._handoff = False  # the main thread takes over the serving: the thread returns at once
@@ -367,7 +419,7 @@ class Runner:
         #: The task the user's loop runs now, as (id, since when), or None (set by the farm; read
         #: by the pulse, which tells the station when it runs past ``--task-timeout``).
         self.current_task: Callable[[], tuple[int, float] | None] | None = None
-        self._pulse: threading.Thread | None = None
+        self._pulse: RunnerThread | None = None
         self._pulse_stop = threading.Event()
         # Since when the user's code runs outside the runtime (None: the main thread is inside it
         # and steps the loop itself). Read without the lock by the pulse: one attribute, set whole.
@@ -440,8 +492,8 @@ class Runner:
         """Start the server thread if this rank serves others and computes (see :meth:`_threaded`),
         else the pulse (a rank that computes): one thread, never both (a server thread pulses too).
 
-        Each start waits until the new thread runs (``threading``): on an oversubscribed node,
-        a millisecond or more of the first call. A server thread's pulse duties cost it nothing."""
+        Neither waits for the new thread to run (see :class:`RunnerThread`). A server thread's
+        pulse duties cost it nothing."""
         now = clock()
         if not self._stepped:
             self._stepped = self._last_tick = now  # (the set-up has just stepped it: the first call need not)
@@ -451,13 +503,13 @@ class Runner:
             self._handoff = False
             if self.config.switch_interval > 0:
                 sys.setswitchinterval(self.config.switch_interval)
-            self._thread = threading.Thread(target=self._serve_guarded, name="nlevel-server", daemon=True)
+            self._thread = RunnerThread(self._serve_guarded, "nlevel-server")
             self._thread.start()
         elif self._pulse_on and self._pulse is None:
             self._start_pulse()
 
     def _start_pulse(self) -> None:
-        self._pulse = threading.Thread(target=self._pulse_guarded, name="nlevel-pulse", daemon=True)
+        self._pulse = RunnerThread(self._pulse_guarded, "nlevel-pulse")
         self._pulse.start()
 
     def _serve_guarded(self) -> None:
@@ -472,7 +524,6 @@ class Runner:
     def serve(self, until: Callable[[], bool] | None = None) -> None:
         """Run the loop until this rank serves nobody (or ``until()``), sleeping when idle."""
         st = self.station
-        me = threading.current_thread()
         backoff = Backoff(self.period_max, event=self._wake)
         while not self._stop.is_set():
             with self.lock:
@@ -484,7 +535,9 @@ class Runner:
                 ending = st.is_master and st.done_serving and st.ended and st.closing.released is None
                 if (st.done_serving and st.ended and not ending) or (until is not None and until()):
                     return
-                if ((st.done_serving and not ending) or self._handoff) and self._thread is me:
+                th = self._thread
+                mine = th is not None and th.is_current()
+                if ((st.done_serving and not ending) or self._handoff) and mine:
                     return  # (the main thread finishes the rank's own loop, or serves on itself)
                 now = clock()
                 if busy:
@@ -493,7 +546,7 @@ class Runner:
             if busy:
                 backoff.reset()
             backoff.wait(ceiling)
-            if self._thread is not me:
+            if not mine:
                 self._prepare()  # (a serve-only rank: its main thread serves)
             elif self._pulse_on and clock() - self._pulsed >= self.look:
                 self._pulsed = clock()
@@ -552,7 +605,7 @@ class Runner:
         """Stop the server thread and the pulse (after the job) and give the user back Python's switch interval."""
         self._outside = None
         self._pulse_stop.set()
-        if self._pulse is not None and self._pulse is not threading.current_thread():
+        if self._pulse is not None and not self._pulse.is_current():
             self._pulse.join()
         self._stop.set()
         self._wake.set()

@@ -9,7 +9,7 @@ from nlevel.model.plan import Plan
 from nlevel.roles.events import Died
 from nlevel.roles.messages import Heartbeat, encode
 from nlevel.roles.recovery import successors
-from nlevel.runtime.rank import Runner
+from nlevel.runtime.rank import Runner, RunnerThread
 from nlevel.testing.network import Network
 
 
@@ -80,3 +80,41 @@ def test_the_ranks_next_in_line_prepare_a_takeover_once():
     runner.next_range(None)
     runner.next_range(None)
     assert successors(net.stations[3].hierarchy) == [2, 3] and prepared == [1]  # once
+
+
+def test_a_runner_thread_is_started_without_waiting_for_it_to_run(monkeypatch):
+    """threading.Thread.start waits until the new thread has run (0.3-2.9 ms of every rank's first
+    call on an oversubscribed node); a RunnerThread's start returns at once, and the thread counts
+    as alive from then on, so the runner never takes it for a server thread that has ended."""
+    from nlevel.runtime import rank
+
+    started = []
+    monkeypatch.setattr(rank._thread, "start_new_thread", lambda body, args: started.append(body))
+    ran = []
+    th = RunnerThread(lambda: ran.append(th.is_current()), "nlevel-pulse")
+    th.start()  # (the thread is not scheduled at all: a start that waited would never return)
+    assert started and ran == [] and th.is_alive() and not th.is_current()
+    started[0]()  # the thread runs now (here: in this one)
+    assert ran == [True] and not th.is_alive() and th.name == "nlevel-pulse"
+    th.join()  # (ended: returns at once)
+
+
+def test_a_runner_thread_counts_as_ended_after_its_target_raised():
+    def boom():
+        raise RuntimeError("boom")
+
+    th = RunnerThread(boom, "nlevel-server")
+    with pytest.raises(RuntimeError, match="boom"):
+        th.run()
+    assert not th.is_alive()
+
+
+def test_the_runner_starts_its_pulse_as_a_runner_thread_and_stops_it():
+    net, runner = _slave("on")
+    runner.look = 0.01
+    runner.start()
+    try:
+        assert isinstance(runner._pulse, RunnerThread) and runner._pulsing()
+    finally:
+        runner.stop()
+    assert not runner._pulsing()
