@@ -157,7 +157,9 @@ class Farm:
         self.rank: int = rt.rank if teams is None else teams.rank
         self.size: int = rt.size if teams is None else teams.job.Get_size()
         self.config: Config = rt.config
-        self.report: dict[str, Any] | None = None
+        self._report: dict[str, Any] | None = None
+        self._report_due = False  # (the farm ended: the report is read from the runtime when asked for)
+        self._team_facts: dict[str, Any] | None = None
         # The range in hand: ids [_lo, _cur) ran, _cur is the next to hand out, _stop ends the range.
         self._lo = self._cur = self._stop = 0
         # Under fault tolerance the loop runs its hand in pieces of a little over `Runner.piece`
@@ -216,6 +218,28 @@ class Farm:
         else:
             self.next = self._follow_next  # type: ignore[method-assign]
             teams.start_watch()
+
+    @property
+    def report(self) -> dict[str, Any] | None:
+        """The run report, on the master once the farm has ended (None elsewhere and before): what
+        ``python -m nlevel.run --report`` writes. Built when first read (the master's end does not wait for it)."""
+        if self._report_due:
+            self._report_due = False
+            report = self._rt.report
+            if report is not None and self._team_facts is not None:
+                report["teams"] = self._team_facts
+            self._report = report
+        return self._report
+
+    @report.setter
+    def report(self, value: dict[str, Any] | None) -> None:
+        self._report_due, self._report = False, value
+
+    def _reports(self) -> bool:
+        """Whether this farm has a report (without building it)."""
+        if not self._report_due:
+            return self._report is not None
+        return bool(getattr(self._rt, "has_report", False))
 
     @property
     def team(self) -> Any:
@@ -623,11 +647,10 @@ class Farm:
         try:
             rt.end()
         finally:
-            self.report = rt.report
+            self._report_due = True
             if self._teams is not None:
                 self._teams.finish({"code": rt.exit_code, "released": rt.released_code, "failed": rt.failed})
-                if self.report is not None:
-                    self.report["teams"] = self._teams.describe()
+                self._team_facts = self._teams.describe()
             if rt.exit_code is None:
                 # Over, and nothing to do at exit: the guard would keep this farm (its ledger, its
                 # windows' memory) alive until the interpreter ends, one per farm the process ran.
@@ -834,7 +857,7 @@ def _get_task_id(total: int, checkpoint_file: Any, comm: Any, fingerprint: Any =
 
 def _next_of(farm: Farm, key: int) -> int:
     """The next id of ``farm`` (the farm on the communicator of ``key``), out of the runtime; its end when negative."""
-    global _last_comm, _last_farm, last_report
+    global _last_comm, _last_farm, _reported
     try:
         tid = farm.next()
     except NlevelError:
@@ -845,8 +868,8 @@ def _next_of(farm: Farm, key: int) -> int:
     if tid < 0:
         del _active[key]
         _last_comm, _last_farm = None, None
-        if farm.report is not None:
-            last_report = farm.report
+        if farm._reports():
+            _reported = farm
     return tid
 
 
@@ -892,5 +915,12 @@ def _teams(comm: Any, config: Config | None, ranks_per_task: Any, gpus_per_task:
     return cfg, form(comm, cfg)
 
 
-#: The report of the last farm that :func:`get_task_id` finished on this rank (rank 0 only).
-last_report: dict[str, Any] | None = None
+_reported: Farm | None = None  # the last farm get_task_id finished that has a report (see last_report)
+
+
+def __getattr__(name: str) -> Any:
+    """``last_report``: the report of the last farm that :func:`get_task_id` finished on this rank
+    (rank 0 only; None before the first), built when first read (see :attr:`Farm.report`)."""
+    if name == "last_report":
+        return _reported.report if _reported is not None else None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

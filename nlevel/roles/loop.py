@@ -33,7 +33,7 @@ from .events import (
     WriteCheckpoint,
 )
 from .ledger import Ledger
-from .messages import Gone, Message, Result, TaskFailure
+from .messages import Gone, Message, Release, Result, TaskFailure
 from .recovery import GIVEN_UP
 from .master import Master
 from .region import Region
@@ -229,6 +229,7 @@ class Loop:
         n = 0
         port = self.port
         timer = self.timer
+        closing = self.station.closing
         while n < most:
             got = port.poll()
             if got is None:
@@ -247,6 +248,11 @@ class Loop:
                 t0 = timer()
                 self.handle(Received(got[0], got[1]))
                 self.handle(Served(timer() - t0))
+            if closing.released is not None and isinstance(got[1], Release):
+                # The release ends the rank's loop: it goes now, not after another probe. At the
+                # job's end every rank wakes at once, and an empty probe yields the core (Open MPI's
+                # yield_when_idle): 1-3.5 ms between a rank's release and its return, measured.
+                break
         return n
 
     def tick(self) -> None:

@@ -445,7 +445,7 @@ class Runner:
             self._stepped = now
             return loop.step()
         n = loop.receive()
-        if n:
+        if n and self.station.closing.released is None:  # (released: the loop is over, see Loop.receive)
             self._stepped = clock()
             n += loop.step()
         return n
@@ -757,8 +757,9 @@ class Runner:
             self.raise_error()
         if not st.done_serving:
             self.serve(until=lambda: st.done_serving)
-        with self.lock:
-            self.loop.receive()
+        if st.closing.released is None:  # (released: nothing more to read; an empty probe yields the core)
+            with self.lock:
+                self.loop.receive()
 
     def step(self) -> bool:
         """One round of the loop (for the end-of-job agreement); return whether anything arrived."""

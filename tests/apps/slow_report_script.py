@@ -3,7 +3,8 @@
     slow_report_script.py CHECKPOINT|-
 
 Every rank prints ``RETURNED rank R at T`` when its loop ends (T: unix seconds); the master
-prints ``REPORTED at T`` once its report is built.
+prints ``REPORTED at T`` once its report is built (without a checkpoint: when the script reads
+it, after its loop).
 """
 
 import sys
@@ -31,3 +32,5 @@ if rank == 0:
 while (tid := nlevel.get_task_id(40, checkpoint)) >= 0:
     time.sleep(0.001)
 print(f"RETURNED rank {rank} at {time.time():.6f}", file=sys.stderr, flush=True)
+if rank == 0:  # (without a checkpoint the report is built when first read: here)
+    assert nlevel.api.last_report is not None
