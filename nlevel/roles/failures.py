@@ -503,7 +503,7 @@ class Recovery:
         elif info.role is Role.REGION and old_d is None:
             assert info.parent is not None
             d = Region(nh, st.rank, {}, st.clock, st.boards, st.sizing, info.parent, c.batch, c.batch_age,
-                       st.epoch)
+                       st.epoch, st.measured)
         elif isinstance(d, Region) and info.role is Role.REGION:
             assert info.parent is not None
             d.reparent(info.parent)  # the want went to a dead parent: claim from the new one

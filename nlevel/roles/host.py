@@ -42,6 +42,7 @@ class Host(Protocol):
     ledger: Ledger | None
     hosts: tuple[str, ...]
     sizing: Sizing
+    measured: bool
     epoch: int
     plans: list[Plan]
     failed: frozenset[int]

@@ -557,7 +557,7 @@ class Station:
         elif info.children:
             assert info.parent is not None
             self.server = Region(hierarchy, self.rank, weights, self.clock, self.boards, self.sizing, info.parent,
-                                 c.batch, c.batch_age, self.epoch)
+                                 c.batch, c.batch_age, self.epoch, self.measured)
         if self.server is not None:
             self.server.quarantine = c.quarantine
             self.server.busy_below = busy

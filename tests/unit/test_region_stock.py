@@ -251,3 +251,20 @@ def test_a_region_holds_completions_a_quarter_task_when_tasks_are_long():
     assert abs(r.age() - r.batch_age * 0.875 / 0.05) < 1e-12  # the same stagger, a quarter task
     r.task_mean = 120.0
     assert abs(r.age() - r.batch_age * 1.0 / 0.05) < 1e-12  # at most LONG_AGE
+
+
+def test_a_region_master_of_the_simulator_keeps_no_sketch_of_its_own_claims():
+    """A sketch per region-master was 3 % of a 32,768-process simulation; the moments stay."""
+    from nlevel.config import Config
+    from nlevel.roles.station import Station
+    from nlevel.testing.network import LocalBoards
+
+    h = build(16, Plan(3, [2]))
+    region = next(r for r in range(16) if h[r].children and h[r].parent is not None)
+    for measured in (True, False):
+        st = Station(h, region, Config(levels=3, regions=(2,)), lambda: 0.0, LocalBoards(), 100, measured=measured)
+        assert isinstance(st.server, Region)
+        requests = st.server.requests
+        requests.add_parts(0.002, 0.001)
+        assert requests.total.n == 1
+        assert (requests.total.sketch is not None) is measured
