@@ -650,7 +650,8 @@ class Farm:
             self._report_due = True
             if self._teams is not None:
                 self._teams.finish({"code": rt.exit_code, "released": rt.released_code, "failed": rt.failed})
-                self._team_facts = self._teams.describe()
+                if getattr(rt, "has_report", False):  # (the master: its report names the teams)
+                    self._team_facts = self._teams.describe()
             if rt.exit_code is None:
                 # Over, and nothing to do at exit: the guard would keep this farm (its ledger, its
                 # windows' memory) alive until the interpreter ends, one per farm the process ran.
