@@ -316,8 +316,8 @@ class RunnerThread:
     """A daemon thread of the runner (its server thread or its pulse), started without waiting for it to run.
 
     ``threading.Thread.start`` blocks until the new thread has run: on an oversubscribed node the
-    scheduler gives a new thread its first slice after the others', and every rank paid 0.3-1.8 ms
-    of its first call for it (4 ranks under ULFM on 2 cores, each starting one thread). This one
+    scheduler gives a new thread its first slice after the others', and every rank paid 0.3-2.9 ms
+    (median about 1) of its first call for it (4 ranks under ULFM on 2 cores, each starting one). This one
     is started with the low-level ``_thread.start_new_thread`` (documented) and has what the
     runner uses of a Thread. It is alive from :meth:`start` on (the runner must never take a
     thread that has not run yet for one that has ended). Unlike a ``threading.Thread`` it is not
