@@ -17,7 +17,7 @@ from .messages import Message, Result, TaskFailure
 from .records import build, dataclass
 
 __all__ = [
-    "Received", "Tick", "Died", "Ran", "NeedIds", "Leave", "Stop", "DrainRequest", "Overran", "Served", "ReleaseJob", "ReportDone",
+    "Received", "Tick", "Died", "Ran", "NeedIds", "Prefetch", "Leave", "Stop", "DrainRequest", "Overran", "Served", "ReleaseJob", "ReportDone",
     "CheckpointLoaded",
     "CheckpointWritten", "UserError", "TeamLost", "Event",
     "Send", "Kill", "Abandon", "GiveUp", "Watch", "WriteCheckpoint", "LoadCheckpoint", "Answer", "Log", "Effect",
@@ -94,6 +94,12 @@ class NeedIds:
     """
 
     ran: Ran | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetch:
+    """The user's loop runs its hand: claim the next range now if that is due (the loop's next
+    :class:`NeedIds` then finds it queued, without a claim on its path)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +199,7 @@ class TeamLost:
     held: int
 
 
-Event = Union[Received, Tick, Died, Ran, NeedIds, Leave, Stop, DrainRequest, Overran, Served, ReleaseJob, ReportDone,
+Event = Union[Received, Tick, Died, Ran, NeedIds, Prefetch, Leave, Stop, DrainRequest, Overran, Served, ReleaseJob, ReportDone,
               CheckpointLoaded, CheckpointWritten, UserError, TeamLost]
 
 

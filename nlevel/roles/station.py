@@ -23,8 +23,9 @@ of their state (the runtime's report, the tests).
 
 The user's loop talks to it through three events: :class:`~nlevel.roles.events.Ran`
 (these tasks finished), :class:`~nlevel.roles.events.NeedIds` (put the next range in
-:attr:`Station.hand`), :class:`~nlevel.roles.events.Leave`. Everything else is the
-servers' and the runtime's: messages, ticks, deaths, the operator's requests.
+:attr:`Station.hand`), :class:`~nlevel.roles.events.Leave`; while it runs a short hand the
+runtime may add :class:`~nlevel.roles.events.Prefetch` (claim the next range ahead). Everything
+else is the servers' and the runtime's: messages, ticks, deaths, the operator's requests.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from .board import FINAL
 from .delivery import Delivery
 from .ending import Closing
 from .events import (
-    Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Kill, Leave, Log, NeedIds,
+    Answer, CheckpointLoaded, CheckpointWritten, Died, DrainRequest, Effect, Event, Kill, Leave, Log, NeedIds, Prefetch,
     Overran, Ran, Received, ReleaseJob, ReportDone, Send, Served, Stop, Tick, TeamLost, UserError, WriteCheckpoint,
 )
 from .failures import Recovery
@@ -161,6 +162,8 @@ class Station:
                 told = self.ran(event.ran)  # (its report, if due, goes with need_ids')
                 return told + self.need_ids() if told else self.need_ids()
             return self.need_ids()
+        if kind is Prefetch:
+            return self.prefetch()
         if kind is Ran:
             assert isinstance(event, Ran)
             return self.ran(event) + self.worker_report()
@@ -202,6 +205,13 @@ class Station:
             assert isinstance(event, TeamLost)
             return self.recovery.team_lost(event)
         raise TypeError(f"not an nlevel event: {event!r}")
+
+    @property
+    def claim_ahead(self) -> bool:
+        """Whether a :class:`~nlevel.roles.events.Prefetch` would claim now (the runtime wakes a thread for it)."""
+        w = self.worker
+        return w is not None and not self.drain_requested and self.closing.released is None \
+            and w.parent not in self.failed and w.prefetch_due()
 
     @property
     def hand(self) -> tuple[int, int] | None:
@@ -423,6 +433,20 @@ class Station:
             outs += self.closing.early_ending()  # (right behind its last report: the end need not wait for its next look)
             outs = _ride(outs, self.ft)
         return outs
+
+    def prefetch(self) -> list[Effect]:
+        """Claim the next range into the worker's queue while its hand runs (when due: see
+        :meth:`~nlevel.roles.worker.Worker.prefetch_due`); the master's deputy learns of it."""
+        w = self.worker
+        if w is None or not self.claim_ahead:
+            return []
+        try:
+            claim = w.prefetch(self.boards(w.parent, LEAF), self.clock())
+        except ConnectionError:  # (a board reached by messages whose owner is gone: news for the next look)
+            return []
+        if claim.status == "ids" and w.parent == self.rank and self.server is not None and self.ft:
+            return self.recovery.mirror_out()  # (what the master holds counts toward quarantine if it dies)
+        return []
 
     def leave(self, unstarted: tuple[tuple[int, int], ...]) -> list[Effect]:
         """The user's loop left early: its ids go back to its parent."""

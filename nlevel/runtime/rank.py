@@ -18,7 +18,9 @@ the user's task runs, looks at the loop when nothing else has for that long (the
 answers a recovery's question, hears a drain or a plan change, whatever its task does: a task
 of any length never makes it look hung), and tells the station when the task in hand has run
 past ``--task-timeout``. A process that is stopped, or whose task holds the GIL, does neither:
-its parent's lease finds it. The user's loop itself enters the runtime once per range.
+its parent's lease finds it. The user's loop itself enters the runtime once per range; while it
+runs a short one, the pulse (or the server thread) claims the next range ahead (one-sided boards:
+see :class:`~nlevel.roles.events.Prefetch`), so that the call between two ranges makes no claim.
 
 One lock guards the station: the user's loop takes it once per range, not per id.
 """
@@ -36,7 +38,7 @@ from ..config import Config
 from ..errors import CheckpointError, NlevelError
 from ..model.cost import HORIZON
 from ..roles.board import TICKET_BITS
-from ..roles.events import DrainRequest, Overran, Ran, ReleaseJob, UserError
+from ..roles.events import DrainRequest, Overran, Prefetch, Ran, ReleaseJob, UserError
 from ..roles.ledger import Changes, Ledger
 from ..roles.loop import Loop
 from ..roles.messages import KillRequest, Message, TaskFailure
@@ -375,7 +377,8 @@ class Runner:
         loop: The loop around it.
         config: Settings (``poll_max``: the longest sleep of a waiting loop; ``server_period``:
             the longest sleep of an idle server thread).
-        two_sided: Boards are reached by messages: a server answers them promptly.
+        two_sided: Boards are reached by messages: a server answers them promptly (and no
+            range is claimed ahead: a claim is then a question and its answer, not for a lock's holder).
         pulse: Whether a computing rank has a pulse (it needs ``MPI_THREAD_MULTIPLE``).
     """
 
@@ -421,6 +424,10 @@ class Runner:
         self.current_task: Callable[[], tuple[int, float] | None] | None = None
         self._pulse: RunnerThread | None = None
         self._pulse_stop = threading.Event()
+        #: Set by the user's loop when it takes a range and the next is due ahead (see
+        #: :meth:`_claim_ahead`): the pulse, or the server thread, claims it while the task runs.
+        self._ahead = threading.Event()
+        self._claims_ahead = not two_sided
         # Since when the user's code runs outside the runtime (None: the main thread is inside it
         # and steps the loop itself). Read without the lock by the pulse: one attribute, set whole.
         self._outside: float | None = None
@@ -548,7 +555,11 @@ class Runner:
             backoff.wait(ceiling)
             if not mine:
                 self._prepare()  # (a serve-only rank: its main thread serves)
-            elif self._pulse_on and clock() - self._pulsed >= self.look:
+                continue
+            if self._ahead.is_set():
+                self._ahead.clear()
+                self._claim_ahead()
+            if self._pulse_on and clock() - self._pulsed >= self.look:
                 self._pulsed = clock()
                 self.pulse()  # (the pulse's duties while the user's task runs: its time limit, a team's watch)
 
@@ -562,10 +573,25 @@ class Runner:
     # -- the pulse --------------------------------------------------------------------------------
     def _pulse_guarded(self) -> None:
         try:
-            while not self._pulse_stop.wait(self.look):
-                self.pulse()
+            due = clock() + self.look
+            while not self._pulse_stop.is_set():
+                if self._ahead.wait(due - clock()):
+                    self._ahead.clear()
+                    self._claim_ahead()
+                if clock() >= due:
+                    self.pulse()
+                    due = clock() + self.look
         except BaseException as exc:  # surfaced in the main thread; never a silent hang
             self.error = exc
+
+    def _claim_ahead(self) -> None:
+        """While the user's task runs: claim the range after its hand (if still due: see
+        :class:`~nlevel.roles.events.Prefetch`)."""
+        if self._outside is None:
+            return  # (the main thread is in the runtime: it claims, if it must, itself)
+        with self.lock:
+            if self._outside is not None:
+                self.loop.handle(Prefetch())
 
     def pulse(self) -> None:
         """While the user's code runs: look at the loop if nothing has for a look, and watch the task's time."""
@@ -597,6 +623,10 @@ class Runner:
         p = self._pulse
         return p is not None and p.is_alive()
 
+    def _serving_thread(self) -> bool:
+        th = self._thread
+        return th is not None and th.is_alive()
+
     def _demand(self) -> bool:
         d = self.station.server
         return d is not None and any(o.waiting for o in d.owners.values())
@@ -605,6 +635,7 @@ class Runner:
         """Stop the server thread and the pulse (after the job) and give the user back Python's switch interval."""
         self._outside = None
         self._pulse_stop.set()
+        self._ahead.set()  # (the pulse waits on it)
         if self._pulse is not None and not self._pulse.is_current():
             self._pulse.join()
         self._stop.set()
@@ -631,6 +662,8 @@ class Runner:
         hand = self._next_range(ran)
         if hand is not None:
             self._outside = clock()
+            if self._claims_ahead and st.claim_ahead and (self._pulsing() or self._serving_thread()):
+                self._ahead.set()
         return hand
 
     def _next_range(self, ran: Ran | None) -> tuple[int, int] | None:

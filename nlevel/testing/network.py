@@ -26,7 +26,7 @@ from ..model.hierarchy import build
 from ..model.plan import Plan
 from ..ranges import RangeSet
 from ..roles.board import LocalMemory
-from ..roles.events import Died, DrainRequest, Overran, Received, ReleaseJob
+from ..roles.events import Died, DrainRequest, Overran, Prefetch, Received, ReleaseJob
 from ..roles.ledger import Ledger
 from ..roles.loop import Loop
 from ..roles.messages import TEAM_DEATH, Message, TaskFailure
@@ -197,14 +197,18 @@ class Network:
         team_deaths: Id -> how many of its runs lose a process of the team running it (the rank is
             a team's leader: it reports a :data:`~nlevel.roles.messages.TEAM_DEATH` failure; its own
             process lives on).
+        ahead: The chance that, before a task of its hand, a rank's runtime claims the next range
+            ahead (:class:`~nlevel.roles.events.Prefetch`, as the pulse does while a task runs).
     """
 
     def __init__(self, size: int, plan: Plan, total: int, seed: int, config: Config | None = None,
                  completed: tuple[tuple[int, int], ...] = (), raises: frozenset[int] = frozenset(),
                  boards: LocalBoards | None = None, exits: frozenset[int] = frozenset(),
                  hangs: frozenset[int] = frozenset(), ledger: Ledger | None = None, pieces: float = 0.0,
-                 long: dict[int, float] | None = None, team_deaths: dict[int, int] | None = None) -> None:
+                 long: dict[int, float] | None = None, team_deaths: dict[int, int] | None = None,
+                 ahead: float = 0.0) -> None:
         self.rng = random.Random(seed)
+        self.ahead = ahead
         self.team_deaths = dict(team_deaths or {})
         self.long = long or {}  # task id -> its seconds (the others take 1 ms, reported, and no simulated time)
         self.pieces = pieces
@@ -382,6 +386,8 @@ class Network:
                 return
             u.hand, u.next_id, u.done_from, u.state = hand, hand[0], hand[0], "run"
             return
+        if self.ahead and self.rng.random() < self.ahead:
+            loop.handle(Prefetch())
         tid = u.next_id
         if tid in self.long and not u.until:
             u.until = self.clock.t + self.long[tid]  # it runs from now; its loop steps meanwhile

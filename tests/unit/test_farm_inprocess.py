@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from nlevel.config import Config
 from nlevel.model.hierarchy import build
 from nlevel.model.plan import Plan
+from nlevel.ranges import RangeSet
 from nlevel.testing.network import LocalBoards, Network
 
 from ..conftest import examples
@@ -81,12 +82,14 @@ def test_every_id_exactly_once(size, plan, seed):
 
 @settings(max_examples=examples(60), deadline=None)
 @given(case=st.sampled_from(PLANS), total=st.integers(0, 300), seed=st.integers(0, 10**6),
-       chunk=st.sampled_from([0, 1, 3]), slots=st.sampled_from([(4, 2), (16, 8), (64, 16)]))
-def test_exactly_once_property(case, total, seed, chunk, slots):
+       chunk=st.sampled_from([0, 1, 3]), slots=st.sampled_from([(4, 2), (16, 8), (64, 16)]),
+       ahead=st.sampled_from([0.0, 0.5]))
+def test_exactly_once_property(case, total, seed, chunk, slots, ahead):
+    """``ahead``: ranks also claim their next range while their hand runs (as the pulse does)."""
     size, plan = case
     config = Config(levels=plan.levels, regions=plan.regions, serve_only=plan.serve_only, chunk=chunk,
                     fault_tolerance="on", report_every=7)
-    out = Network(size, plan, total, seed, config=config, boards=LocalBoards(*slots)).run()
+    out = Network(size, plan, total, seed, config=config, boards=LocalBoards(*slots), ahead=ahead).run()
     check(out, total)
 
 
@@ -133,16 +136,18 @@ def test_a_task_that_raises_is_retried_then_recorded_failed():
     assert len(led.committed) == 59
 
 
+@pytest.mark.parametrize("ahead", [0.0, 0.5])
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("size,plan,switches", [
     (7, Plan(2), [(30, Plan(3, (2,)))]),
     (9, Plan(3, (2,)), [(20, Plan(2)), (200, Plan(3, (3,)))]),
     (16, Plan(2, serve_only="master"), [(10, Plan(4, (2, 2), serve_only="master"))]),
 ])
-def test_switching_plans_mid_run_loses_and_duplicates_nothing(seed, size, plan, switches):
+def test_switching_plans_mid_run_loses_and_duplicates_nothing(seed, size, plan, switches, ahead):
+    """``ahead``: a switch also finds ranks holding a range claimed ahead on the old board."""
     total = 400
     config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance="on", serve_only=plan.serve_only)
-    net = Network(size, plan, total, seed, config=config)
+    net = Network(size, plan, total, seed, config=config, ahead=ahead)
     pending = list(switches)
     orig = net.step
 
@@ -262,19 +267,50 @@ def test_a_long_task_on_a_live_rank_is_never_taken_for_a_hang(ft, plan, seed):
     assert out.kills == [] and not out.dead and not out.ledger.failed
 
 
+@pytest.mark.parametrize("size,plan", KILL_PLANS)
+@pytest.mark.parametrize("role", ["slave", "region-master", "master"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_range_claimed_ahead_is_neither_lost_nor_run_twice_when_a_rank_dies(size, plan, role, seed):
+    """Every rank claims its next range before each task of its hand (the pulse's Prefetch), so a
+    death finds ranks holding two ranges: what the dead rank held runs again (at risk), and a new
+    parent learns both ranges of every survivor (it hands neither out again)."""
+    h = build(size, plan)
+    victims = [n.rank for n in h.nodes if n.role.value == role]
+    if not victims:
+        pytest.skip(f"no {role} in this plan")
+    total = 300
+    config = Config(levels=plan.levels, regions=plan.regions, chunk=4, fault_tolerance="on")
+    net = Network(size, plan, total, seed, config=config, ahead=1.0)
+    ahead = RangeSet()  # what the other ranks held claimed ahead as it died
+    die = net.die
+
+    def dying(rank, notify=True):
+        for other in net.stations:
+            if other.rank != rank and other.rank not in net.dead and other.worker is not None:
+                ahead.add_ranges(other.worker.queue.ranges())
+        die(rank, notify)
+
+    net.die = dying
+    out = net.run(kills=[(150 + seed * 17, victims[seed % len(victims)])])
+    check(out, total)
+    assert not out.kills, f"a live rank was killed as hung: {out.kills}"
+    assert ahead, "no survivor held a range claimed ahead when the rank died"
+
+
 @settings(max_examples=examples(80), deadline=None)
 @given(case=st.sampled_from(KILL_PLANS), seed=st.integers(0, 10**6),
        kills=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 15)), max_size=3),
-       pieces=st.sampled_from([0.0, 0.3]))
-def test_random_deaths_lose_nothing_and_rerun_only_what_was_at_risk(case, seed, kills, pieces):
-    """``pieces``: user loops also look at their messages in the middle of a hand (as the runtime's do)."""
+       pieces=st.sampled_from([0.0, 0.3]), ahead=st.sampled_from([0.0, 0.5]))
+def test_random_deaths_lose_nothing_and_rerun_only_what_was_at_risk(case, seed, kills, pieces, ahead):
+    """``pieces``: user loops also look at their messages in the middle of a hand (as the runtime's do);
+    ``ahead``: ranks claim their next range while their hand runs (a death finds two ranges held)."""
     size, plan = case
     kills = [(s, r % size) for s, r in kills]
     total = 250
     # (with pieces, long hands: chunk 16; one-id hands have no middle to look in)
     config = Config(levels=plan.levels, regions=plan.regions, serve_only=plan.serve_only,
                     chunk=16 if pieces else plan.chunk, fault_tolerance="on")
-    out = Network(size, plan, total, seed, config=config, pieces=pieces).run(kills=kills)
+    out = Network(size, plan, total, seed, config=config, pieces=pieces, ahead=ahead).run(kills=kills)
     check(out, total)
     assert not out.kills, f"a live rank was killed as hung: {out.kills}"
 
@@ -384,7 +420,7 @@ def test_drained_ranks_stay_out_across_plan_switches(seed, ft, pieces, size, pla
     two pieces of it): a drained rank gives back what it had not started."""
     total = 400
     config = Config(levels=plan.levels, regions=plan.regions, fault_tolerance=ft, chunk=16 if pieces else 0)
-    net = Network(size, plan, total, seed, config=config, pieces=pieces)
+    net = Network(size, plan, total, seed, config=config, pieces=pieces, ahead=0.5 if seed % 2 else 0.0)
     answers = _drain_then_switch(net, (15, tuple(sorted(drained))), switches)
     out = net.run()
     assert answers == [{"result": {"ranks": sorted(drained)}}]
