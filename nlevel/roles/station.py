@@ -60,7 +60,7 @@ from .results import vet
 from .server import LEAF, Boards, Server, Sizing
 from .recovery import GIVEN_UP
 from .watch import Watching
-from .worker import State, Worker
+from .worker import PREFETCH_SPAN, State, Worker
 
 __all__ = ["Station"]
 
@@ -211,7 +211,7 @@ class Station:
         """Whether a :class:`~nlevel.roles.events.Prefetch` would claim now (the runtime wakes a thread for it)."""
         w = self.worker
         return w is not None and not self.drain_requested and self.closing.released is None \
-            and w.parent not in self.failed and w.prefetch_due()
+            and w.parent not in self.failed and self.watching.own_running <= PREFETCH_SPAN and w.prefetch_due()
 
     @property
     def hand(self) -> tuple[int, int] | None:
@@ -369,6 +369,7 @@ class Station:
             if plan is not None and plan.min_size() <= self.size:
                 outs += self.replanning.switch(plan)
         outs += self.serve(full=True)
+        outs += self.give_back_ahead()
         outs += self.worker_report()
         outs += self.watching.lease_kills()
         if self.ft:
@@ -447,6 +448,15 @@ class Station:
         if claim.status == "ids" and w.parent == self.rank and self.server is not None and self.ft:
             return self.recovery.mirror_out()  # (what the master holds counts toward quarantine if it dies)
         return []
+
+    def give_back_ahead(self) -> list[Effect]:
+        """The task in hand has run longer than its whole hand was expected to take (:data:`PREFETCH_SPAN`):
+        the range claimed ahead goes back to the parent, for another rank to run."""
+        w = self.worker
+        if w is None or not w.queue or self.watching.own_running <= PREFETCH_SPAN or w.state is State.LEFT \
+                or w.parent in self.failed or self.closing.released is not None:
+            return []
+        return self.delivery.report_up(w.give_back(self.clock()), w.parent)
 
     def leave(self, unstarted: tuple[tuple[int, int], ...]) -> list[Effect]:
         """The user's loop left early: its ids go back to its parent."""

@@ -32,6 +32,8 @@ __all__ = ["Worker", "State", "staggered", "TIMED_ONE_BY_ONE", "PREFETCH_SPAN"]
 #: tens of milliseconds (4 ranks under ULFM on 2 cores, 1,200 x [2, 5] ms: the calls summed over
 #: the ranks 85 -> 71 ms). Not for longer hands: a claim is then under 0.4 % of the hand, and the
 #: range claimed ahead waits in this rank's queue while another rank could run it (the job's end).
+#: A task in hand that runs longer than this gives the range back (:meth:`Worker.give_back`): its
+#: hand was expected to take less, and a range must not wait behind a task of unknown length.
 PREFETCH_SPAN: Final = 0.1
 
 #: Tasks shorter than this (s) on average are summarised by their mean: adding each to the
@@ -226,6 +228,13 @@ class Worker:
         elif status == "all-out":
             self.all_out = True
         return claim
+
+    def give_back(self, now: float) -> Report:
+        """The range claimed ahead goes back to the parent (the task in hand runs long); the report to send."""
+        back = self.queue.ranges()
+        self.queue = RangeSet()
+        self.queued_suspect = 0
+        return self.report(now, returned=back)
 
     def _claimed(self, width: int) -> None:
         self.last_width = width

@@ -153,6 +153,7 @@ class _User:
     ran: int = 0
     state: str = "need"  # need, run, wait, end, left
     until: float = 0.0  # a long task (see Network's ``long``) runs until then
+    started: float = 0.0  # ... since then
 
 
 @dataclass
@@ -224,6 +225,8 @@ class Network:
                                  self.ledger0 if r == 0 else None, wall=self.clock) for r in range(size)]
         self.ports = [_Port(self, r) for r in range(size)]
         self.loops = [Loop(self.stations[r], self.ports[r], checkpoint_every=50) for r in range(size)]
+        for r, loop in enumerate(self.loops):
+            loop.running = lambda r=r: self._running(r)  # (its ticks say how long the task in hand has run)
         self.channels: dict[tuple[int, int], deque[Message]] = {}
         self.users = {r: _User() for r in range(size) if self.stations[r].worker is not None}
         self.executed: dict[int, int] = {}
@@ -365,6 +368,15 @@ class Network:
             self.loops[r].step()
         return True
 
+    def _running(self, r: int) -> float:
+        """Seconds rank ``r``'s user loop has spent in the task it runs now (a long one, or one that
+        never returns; the others take no simulated time)."""
+        stuck = self.stuck.get(r)
+        if stuck is not None:
+            return self.clock.t - stuck[1]
+        u = self.users.get(r)
+        return self.clock.t - u.started if u is not None and u.until > self.clock.t else 0.0
+
     def _idle(self, r: int) -> str:
         """The state of rank ``r``'s user loop when it got no ids: it left, it is over, or it waits."""
         st = self.stations[r]
@@ -391,6 +403,7 @@ class Network:
         tid = u.next_id
         if tid in self.long and not u.until:
             u.until = self.clock.t + self.long[tid]  # it runs from now; its loop steps meanwhile
+            u.started = self.clock.t
             return
         if u.until > self.clock.t:
             return

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
+from nlevel.config import Config
+from nlevel.model.plan import Plan
 from nlevel.roles.board import Claim
 from nlevel.roles.worker import PREFETCH_SPAN, Worker
+from nlevel.testing.network import Network
 
 
 class Board:
@@ -86,3 +91,34 @@ def test_leaving_gives_back_the_range_claimed_ahead():
     w.prefetch(object(), 0.01)
     report = w.leave((), 0.02)
     assert report.returned == ((1, 8),) and not w.queue and w.queued_suspect == 0
+
+
+def test_a_worker_gives_back_the_range_claimed_ahead():
+    w, _ = _worker(Claim(0, 4, "ids"), Claim(4, 8, "ids", suspect=True))
+    w.refill(object(), 0.0)
+    w.ran(((0, 1),), (), (), 1, 0.003, 0.003, 0.01)
+    w.prefetch(object(), 0.01)
+    report = w.give_back(0.5)
+    assert report.returned == ((4, 8),) and report.done == ((0, 1),) and not report.leaving
+    assert w.hand == (1, 4) and not w.queue and w.queued_suspect == 0 and list(w.holding()) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_range_claimed_ahead_goes_back_when_the_task_before_it_runs_long(seed, monkeypatch):
+    """A range claimed ahead waits behind the task in hand; once that task has run past PREFETCH_SPAN
+    (a heavy tail: its whole hand was expected to take less) the range goes back to the parent, for
+    another rank, instead of waiting for a task of unknown length (the job's end, a task time limit)."""
+    given: list[tuple[int, tuple[tuple[int, int], ...]]] = []
+    give_back = Worker.give_back
+
+    def recorded(self, now):
+        given.append((self.rank, self.queue.ranges()))
+        return give_back(self, now)
+
+    monkeypatch.setattr(Worker, "give_back", recorded)
+    total = 200
+    config = Config(levels=2, chunk=4, fault_tolerance="on")
+    out = Network(6, Plan(2), total, seed, config=config, ahead=1.0, long={50: 2.0}).run()
+    assert given, "no range claimed ahead went back while task 50 ran for 2 s"
+    assert all(n == 1 for n in out.executed.values()) and sorted(out.executed) == list(range(total))
+    assert out.ledger.n_committed == total and not out.kills
