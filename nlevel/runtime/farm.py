@@ -36,7 +36,7 @@ from .identity import identity
 from .rank import MpiPort, Runner, clock, prepare_takeover
 from .startwatch import mark, start_records
 from .report import build_report, station_facts
-from .transport import MpiError, Transport, agree, kill_self, revoke, setup_recovery, shrink, user_ranks, world
+from .transport import Agreement, MpiError, Transport, kill_self, revoke, setup_recovery, shrink, user_ranks, world
 
 if TYPE_CHECKING:  # (imported by a farm that has a checkpoint: numpy and h5py come with it)
     from . import checkpoint as ckpt
@@ -107,6 +107,7 @@ class FarmRuntime:
         self.lock: Any = None  # rank 0: the checkpoint's lock (nlevel.runtime.lock), held for the whole job
         self._decided: tuple[Any, ...] | None = None  # rank 0: what it decided (kept if set-up starts over)
         self._early: tuple[Station, list[Any]] | None = None  # rank 0: its roles, stocked before the exchange
+        self._built = False  # this rank's roles are made (see _build), not yet started
         self._released_all = False  # the master released everyone ...
         self.hold_deputy = False  # the caller writes the report after the end, then calls release_deputy()
         #: The caller's writer of the report, for a process that ends the job itself from inside a
@@ -144,8 +145,17 @@ class FarmRuntime:
             if not recover:
                 break
             seen = time.time()
-            if agree(t.comm, error is None):
+            agreement = Agreement(t.comm, error is None)
+            if error is None:
+                try:
+                    self._build(agreement.progress)  # (local: while the agreement's messages go round)
+                except BaseException:
+                    agreement.result()
+                    self._abandon(release_lock=True)
+                    raise
+            if agreement.result():
                 break  # every rank is set up and none died (ULFM's agreement fails on all alike after a death)
+            self._built = False
             survivors = shrink(t.comm)  # (only after a failure: a shrink builds a communicator, milliseconds)
             if survivors.Get_size() == t.size:
                 survivors.Free()
@@ -292,12 +302,12 @@ class FarmRuntime:
             # recovery, the agreement that closes it does this: nobody leaves it before all came.)
             t.comm.Barrier()
 
-    def _start(self) -> None:
-        """After the collective set-up: this rank's roles, and its loop started (local)."""
-        t, cfg, plan, path, meta = self.t, self.config, self.plan, self.checkpoint, self.meta
-        lock_token = self._lock_token
-        if cfg.ft:
-            t.enable_ft()  # from here on a dead rank is an event, not an error
+    def _build(self, progress: Callable[[], None] = lambda: None) -> None:
+        """After the collective set-up: this rank's roles and their loop, made but not started (local:
+        no MPI, no thread, no output; under ULFM it overlaps the agreement that closes the set-up,
+        whose ``progress`` it calls between its parts)."""
+        t, cfg, path, meta = self.t, self.config, self.checkpoint, self.meta
+        progress()
         ledger = self._ledger if self.rank == 0 else None
         hosts = tuple(p[0] for p in t.places)
         early, self._early = self._early, None
@@ -308,8 +318,9 @@ class FarmRuntime:
             early = None
             self.station = Station(self.hierarchy, self.rank, cfg, clock, self.boards, self.total, ledger, self.width,
                                    hosts=hosts, facts={"hosts": machine.here()})  # (facts: in its Ending, even early)
+        progress()
         self.port = MpiPort(t, cfg, path, meta, self.writer, self.width)
-        self.port.lock, self.port.lock_token = self.lock, lock_token
+        self.port.lock, self.port.lock_token = self.lock, self._lock_token
         self.port.ended_here = self._ended_here
         self.port.last_work = lambda: path is not None or self.hold_deputy  # (a lock and status file, a report file)
         self.loop = Loop(self.station, self.port, cfg.checkpoint_every, cfg.checkpoint_interval,
@@ -324,6 +335,17 @@ class FarmRuntime:
         if self.rank == 0 or cfg.ft:  # (the master, or a rank that may become master)
             self.runner.after_step = self._release_when_ended
             self.runner.prepare_takeover = prepare_takeover if path else None
+        self._early_effects = early[1] if early is not None else None
+        self._built = True
+
+    def _start(self) -> None:
+        """After the collective set-up: this rank's roles (see :meth:`_build`), and its loop started."""
+        t, cfg, plan, path = self.t, self.config, self.plan, self.checkpoint
+        if not self._built:
+            self._build()
+        if cfg.ft:
+            t.enable_ft()  # from here on a dead rank is an event, not an error
+        early = self._early_effects
         self.progress: Any = None
         self.recorder: Any = None
         if self.rank == 0 and cfg.progress:
@@ -346,7 +368,7 @@ class FarmRuntime:
                              f"only between tasks, so a task longer than --lease ({cfg.lease:g} s) looks hung; "
                              f"raise --lease above your longest task\n")
         if early is not None:
-            self.loop.perform(early[1])  # (what stocking asked for: e.g. the final checkpoint of a finished job)
+            self.loop.perform(early)  # (what stocking asked for: e.g. the final checkpoint of a finished job)
         elif self.station.server is not None:
             # Stock its boards now (its children's first claims must not wait for a thread); a
             # tick, not a whole step: no message can be waiting yet, and an empty probe yields the core.

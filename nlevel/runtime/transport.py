@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from array import array
 from typing import Any
 
 from mpi4py import MPI
@@ -26,7 +27,7 @@ mark("up")  # (MPI is initialised: for nlevel-mpiexec, this job's start is over)
 # Error classes of a dead peer under ULFM (MPI_ERR_PROC_FAILED, _PENDING, MPI_ERR_REVOKED).
 _FAILURE_CLASSES = {getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED") if hasattr(MPI, n)}
 
-__all__ = ["Transport", "world", "comm_key", "abort", "finalize", "host", "kill_self", "allreduce_max", "MpiError",
+__all__ = ["Agreement", "Transport", "world", "comm_key", "abort", "finalize", "host", "kill_self", "allreduce_max", "MpiError",
            "setup_recovery", "revoke", "shrink", "agree", "user_ranks", "self_comm", "node_comm", "split",
            "dup", "broken", "last_words"]
 
@@ -64,6 +65,46 @@ def agree(comm: Any, flag: bool) -> bool:
         return bool(comm.Agree(int(flag)))
     except MPI.Exception:
         return False
+
+
+class Agreement:
+    """A nonblocking ULFM agreement (``Iagree``) on ``comm``: the AND of ``flag`` over its live
+    ranks, read with :meth:`result`; the caller does local work meanwhile.
+
+    The agreement is rounds of messages among the ranks (0.3-4.5 ms at 4 ranks on 2 cores);
+    a rank that posts its part and builds its roles meanwhile takes its first id sooner.
+    """
+
+    __slots__ = ("_flag", "_request")
+
+    def __init__(self, comm: Any, flag: bool) -> None:
+        self._flag = array("i", [int(flag)])
+        try:
+            self._request: Any = comm.Iagree(self._flag)
+        except MPI.Exception:
+            self._request = None  # (a revoked communicator, a death: the agreement failed)
+
+    def progress(self) -> None:
+        """Let the agreement move on (MPI moves a nonblocking operation only inside MPI calls: a rank
+        that builds its roles meanwhile, the root of the agreement's rounds, would hold everyone up)."""
+        request = self._request
+        if request is None:
+            return
+        try:
+            request.Test()
+        except MPI.Exception:
+            self._request = None  # (failed: result() says so)
+
+    def result(self) -> bool:
+        """Wait for the agreement: True if every live rank said True and none died meanwhile."""
+        request, self._request = self._request, None
+        if request is None:
+            return False
+        try:
+            request.Wait()
+        except MPI.Exception:
+            return False
+        return bool(self._flag[0])
 
 
 def user_ranks(comm: Any, user: Any) -> list[int]:

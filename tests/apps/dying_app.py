@@ -25,7 +25,7 @@ def add_arguments(parser):
                         help="task lengths spread log-normally around --sleep-ms (sigma 1), fixed per id")
     parser.add_argument("--die-rank", type=int, default=-1, help="instead: rank R dies at its --die-after-th task")
     parser.add_argument("--die-after", type=int, default=10)
-    parser.add_argument("--die-in-setup", choices=["options", "dup", "window", "places"], default=None,
+    parser.add_argument("--die-in-setup", choices=["options", "dup", "window", "places", "roles"], default=None,
                         help="instead: rank --die-rank is SIGKILLed when the farm's set-up reaches this call")
     parser.add_argument("--master-after-release", choices=["KILL", "STOP", "KILL-MID", "KILL-REPORT"], default=None,
                         help="instead: the master gets this signal right after it has released the job "
@@ -101,6 +101,8 @@ def _die_in_setup(step, rank):
         farm.Transport = die
     elif step == "window":
         window.allocate = die
+    elif step == "roles":  # (under ULFM its roles are built while the set-up's agreement goes round)
+        farm.FarmRuntime._build = die
     else:
         transport.Transport.share = die
 

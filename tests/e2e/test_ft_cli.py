@@ -105,6 +105,20 @@ def test_a_death_during_set_up_is_survived_not_a_hang(tmp_path, mpi_env, step, r
 
 
 @pytest.mark.timeout(200)
+def test_a_death_while_the_roles_are_built_is_survived_not_a_hang(tmp_path, mpi_env):
+    """Under ULFM a rank builds its roles while the agreement that closes the set-up goes round
+    (``transport.Agreement``): a death then is a death during set-up (the agreement failed) or
+    the run's first (it had passed); either way the job completes and nothing runs twice."""
+    proc, report, runs = run_job(tmp_path, mpi_env, 7, ["--n", "300", "--levels", "3", "--regions", "2",
+                                                         "--die-rank", "4", "--die-in-setup", "roles"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["complete"] and report["committed"] == 300
+    assert [f["rank"] for f in report["failures"]] == [4], report["failures"]
+    assert completed_ids(tmp_path / "run.h5") == set(range(300))
+    assert max(runs.values()) == 1  # nothing had run on the dead rank: nothing runs twice
+
+
+@pytest.mark.timeout(200)
 def test_a_raising_task_is_retried_then_recorded_failed(tmp_path, mpi_env):
     proc, report, runs = run_job(tmp_path, mpi_env, 4, ["--n", "120", "--how", "raise", "--die-task", "50",
                                                          "--poison", "--on-task-error", "retry", "--task-retries", "2",
