@@ -28,7 +28,7 @@ mark("up")  # (MPI is initialised: for nlevel-mpiexec, this job's start is over)
 _FAILURE_CLASSES = {getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED") if hasattr(MPI, n)}
 
 __all__ = ["Agreement", "Transport", "world", "comm_key", "abort", "finalize", "host", "kill_self", "allreduce_max", "MpiError",
-           "setup_recovery", "revoke", "shrink", "agree", "user_ranks", "self_comm", "node_comm", "split",
+           "setup_recovery", "revoke", "shrink", "user_ranks", "self_comm", "node_comm", "split",
            "dup", "broken", "last_words"]
 
 #: What an MPI call raises (a dead peer among other errors).
@@ -57,14 +57,6 @@ def shrink(comm: Any) -> Any:
     new = comm.Shrink()
     new.Set_errhandler(MPI.ERRORS_RETURN)
     return new
-
-
-def agree(comm: Any, flag: bool) -> bool:
-    """The AND of ``flag`` over ``comm``'s live ranks (ULFM ``Agree``); False if a rank died meanwhile."""
-    try:
-        return bool(comm.Agree(int(flag)))
-    except MPI.Exception:
-        return False
 
 
 class Agreement:
