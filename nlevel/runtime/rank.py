@@ -603,8 +603,7 @@ class Runner:
         now = clock()
         limit = self.config.task_timeout
         task = self.current_task() if limit and self.current_task is not None else None
-        th = self._thread
-        served = th is not None and th.is_alive()
+        served = self._serving_thread()
         overran = task is not None and limit is not None and now - task[1] > limit
         if not overran and (served or now - self._last_tick < self.look):
             return
@@ -624,6 +623,7 @@ class Runner:
         return p is not None and p.is_alive()
 
     def _serving_thread(self) -> bool:
+        """Whether this rank's server thread runs (one whose serving is over has ended)."""
         th = self._thread
         return th is not None and th.is_alive()
 
@@ -670,8 +670,7 @@ class Runner:
         st, loop = self.station, self.loop
         self._prepare()
         with self.lock:
-            th = self._thread
-            if th is None or not th.is_alive():  # (a server thread whose serving is over has ended)
+            if not self._serving_thread():  # (a server thread whose serving is over has ended)
                 now = clock()
                 if st.server is not None or (now - self._last_tick >= self.look and not self._pulsing()):
                     # A server with no thread (one process) looks here: its checkpoint, signals and
@@ -753,8 +752,7 @@ class Runner:
     def _serving(self) -> bool:
         """Whether a server thread runs this rank's loop (started anew when a plan change or a
         failure made this rank a server; a thread whose server side is over has ended)."""
-        th = self._thread
-        if th is not None and th.is_alive():
+        if self._serving_thread():
             return True
         st = self.station
         if self._threaded() and not st.done_serving:
